@@ -1,0 +1,41 @@
+"""One exception hierarchy for every mistake a user can make and every fault minigpt detects.
+
+The CLI catches `MinigptError` and prints its message as one line `error: ...`; anything else
+escaping is a bug in minigpt, not a user's mistake.
+"""
+
+
+class MinigptError(Exception):
+    """Base class: the message names the problem and, where it can, what to do."""
+
+
+class ModelNotFoundError(MinigptError):
+    """A model source that is neither a directory, a known alias, nor a reachable hub id."""
+
+
+class OfflineError(MinigptError):
+    """A hub checkpoint was asked for, is not cached, and the hub cannot be reached."""
+
+
+class CheckpointError(MinigptError):
+    """A checkpoint directory or weights file that cannot be loaded as GPT-2."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A weights format that can run code when loaded (pickle); refused, never opened."""
+
+
+class ConfigError(CheckpointError):
+    """A config.json field that is missing, of the wrong type, or inconsistent."""
+
+
+class TokenizerError(MinigptError):
+    """The GPT-2 BPE tables could not be found or read."""
+
+
+class InputError(MinigptError):
+    """Bad arguments: token ids, sampling options, lengths."""
+
+
+class ContextLengthError(InputError):
+    """Prompt plus new tokens do not fit in the model's n_positions."""

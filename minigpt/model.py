@@ -1,0 +1,108 @@
+"""The GPT-2 forward pass: token ids in, next-token logits out. Pure: it opens no files.
+
+There is one forward. Without a cache it works in a fresh, throwaway cache sized to the input,
+which is exactly the naive loop: every call recomputes every position. With a cache that
+persists between calls it computes only the new positions and attends to the stored keys and
+values. Both run the same lines below; see docs/exactness.md for why their numbers agree bit for
+bit with the default (exact) kernels.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import tiktoken
+
+from .config import GPT2Config
+from .errors import ContextLengthError, InputError
+from .kernels import EXACT, Kernels
+from .kv_cache import KVCache, new_cache
+from .layers import block, layer_norm
+from .params import GPT2Params
+
+
+@dataclass
+class Trace:
+    """What a forward may record for inspection (minigpt.causal_proof reads it).
+
+    hidden: the embeddings, each block's output and the final LayerNorm's output, each [T, C];
+    attention: each layer's attention weights, [n_head, T, start + T].
+    """
+
+    hidden: list[np.ndarray] = field(default_factory=list)
+    attention: list[np.ndarray] = field(default_factory=list)
+
+
+def check_ids(ids, vocab_size: int) -> np.ndarray:
+    """Token ids as a 1-D int64 array, or InputError naming the first offending id.
+
+    Only integers are ids: floats (even 2.0), bools and strings are refused, never cast.
+    """
+    if isinstance(ids, (str, bytes)):
+        raise InputError(f"token ids must be integers, got the text {reprlib.repr(ids)}; encode it first "
+                         "(minigpt.encode)")
+    arr = np.array(ids, dtype=object)  # element by element, whatever the sequence holds
+    if arr.ndim != 1:
+        raise InputError(f"token ids must be a 1-D sequence, got {type(ids).__name__} of shape {arr.shape}")
+    for i, t in enumerate(arr.tolist()):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise InputError(f"token id at index {i} is {t!r}, not an integer")
+        if not 0 <= t < vocab_size:
+            raise InputError(f"token id {t} at index {i} is outside [0, {vocab_size})")
+    return arr.astype(np.int64)
+
+
+def forward(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids, cache: KVCache | None = None,
+            *, last_only: bool = False, trace: Trace | None = None) -> np.ndarray:
+    """Logits for the positions of `ids`, continuing after the `cache.length` cached positions.
+
+    ids: T token ids. Returns float32 [T, vocab_size], or [1, vocab_size] with `last_only`
+    (the LM head, the largest matrix, is then applied to the last position only).
+    With a cache, the new positions' keys and values are appended to it.
+    """
+    ids = check_ids(ids, config.vocab_size)
+    T = len(ids)
+    if T == 0:
+        raise InputError("forward needs at least one token id")
+    cache = new_cache(config, T) if cache is None else cache
+    start = cache.length
+    if start + T > min(config.n_positions, cache.capacity):
+        raise ContextLengthError(
+            f"{start} cached + {T} new positions exceed the context of {config.n_positions} (n_positions)"
+        )
+    record = trace is not None
+
+    x = params.wte[ids] + params.wpe[start:start + T]  # [T] -> [T, C]
+    if record:
+        trace.hidden.append(x)
+    for layer, p in enumerate(params.h):
+        x, weights = block(x, p, config.n_head, config.layer_norm_epsilon,
+                           cache.k[layer], cache.v[layer], start, kernels, record)  # [T, C] -> [T, C]
+        if record:
+            trace.hidden.append(x)
+            trace.attention.append(weights)
+    x = layer_norm(x, params.ln_f, config.layer_norm_epsilon)  # [T, C]
+    if record:
+        trace.hidden.append(x)
+    cache.length = start + T
+    rows = x[-1:] if last_only else x
+    return kernels.linear(rows, params.wte.T, None)  # tied LM head: [T, C] @ [C, vocab] -> [T, vocab]
+
+
+@dataclass(frozen=True)
+class Model:
+    """A loaded GPT-2: configuration, weights, tokenizer and kernel set, with the forward bound."""
+
+    config: GPT2Config
+    params: GPT2Params
+    tokenizer: tiktoken.Encoding | None = None
+    kernels: Kernels = EXACT
+
+    def forward(self, ids, cache: KVCache | None = None, *, last_only: bool = False,
+                trace: Trace | None = None) -> np.ndarray:
+        return forward(self.params, self.config, self.kernels, ids, cache, last_only=last_only, trace=trace)
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        return new_cache(self.config, capacity)

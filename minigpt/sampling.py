@@ -1,0 +1,58 @@
+"""Choosing the next token from logits: greedy, temperature, top-k and top-p, as Hugging Face does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """temperature 0 is greedy (argmax); otherwise logits / temperature, then top_k, then top_p."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t, k, p = self.temperature, self.top_k, self.top_p
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+            raise InputError(f"temperature must be a finite number >= 0, got {t!r}")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise InputError(f"top_k must be an integer >= 1, got {k!r}")
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1):
+            raise InputError(f"top_p must be a number in (0, 1], got {p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or self.seed < 0):
+            raise InputError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+
+def filtered_log_probs(logits: np.ndarray, options: SamplingOptions) -> np.ndarray:
+    """float64 log-probabilities [vocab] after temperature, top-k and top-p (removed: -inf).
+
+    Sampling works in float64: it is not part of the forward, and probabilities near 1e-8 matter here.
+    """
+    z = logits.astype(np.float64) / options.temperature
+    if options.top_k is not None and options.top_k < z.size:
+        kth = np.partition(z, -options.top_k)[-options.top_k]
+        z[z < kth] = -np.inf  # ties with the k-th value are kept, as in Hugging Face
+    if options.top_p is not None and options.top_p < 1:
+        order = np.argsort(-z, kind="stable")
+        p = np.exp(z[order] - z[order[0]])
+        p /= p.sum()
+        mass_before = np.cumsum(p) - p
+        z[order[mass_before >= options.top_p]] = -np.inf  # keep the smallest top set holding top_p
+    z -= z.max()
+    return z - np.log(np.exp(z).sum())
+
+
+def next_token(logits: np.ndarray, options: SamplingOptions, rng: np.random.Generator) -> int:
+    """One token id from one row of logits [vocab]."""
+    if options.temperature == 0:
+        return int(np.argmax(logits))
+    probs = np.exp(filtered_log_probs(logits, options))
+    return int(rng.choice(probs.size, p=probs / probs.sum()))

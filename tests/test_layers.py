@@ -1,0 +1,106 @@
+"""Each layer against an independent float64 reference, with stated float32 tolerances (llm.c style).
+
+The reference is written here directly from the GPT-2 definitions in float64; when torch is
+installed, torch's own functions are a second reference. Tolerances are relative to the output's
+scale: float32 has a 6e-8 unit roundoff, and these ops accumulate at most a few thousand terms.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from minigpt.kernels import EXACT, FAST
+from minigpt.layers import gelu, layer_norm, merge_heads, split_heads
+from minigpt.params import LayerNorm
+
+RTOL = 1e-5  # of the output scale, for elementwise ops and row reductions
+
+
+def rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def test_layer_norm_matches_float64_reference(rng):
+    x = rng.standard_normal((7, 96), dtype=np.float32) * 3 + 1
+    p = LayerNorm(rng.standard_normal(96, dtype=np.float32), rng.standard_normal(96, dtype=np.float32))
+    y = layer_norm(x, p, 1e-5)
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * p.weight + p.bias
+    assert y.dtype == np.float32
+    assert rel_err(y, ref) < RTOL
+
+
+def test_gelu_matches_float64_tanh_reference(rng):
+    x = np.linspace(-12, 12, 4001, dtype=np.float32)
+    x64 = x.astype(np.float64)
+    ref = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)))
+    y = gelu(x)
+    assert y.dtype == np.float32
+    assert np.abs(y - ref).max() < 1e-5 * 12
+
+
+def test_split_and_merge_heads_are_inverse_and_group_columns_by_head(rng):
+    x = rng.standard_normal((5, 12), dtype=np.float32)
+    heads = split_heads(x, 3)  # [5, 12] -> [3, 5, 4]
+    assert heads.shape == (3, 5, 4)
+    np.testing.assert_array_equal(heads[1], x[:, 4:8])
+    np.testing.assert_array_equal(merge_heads(heads), x)
+
+
+@pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
+def test_linear_matches_float64_reference(kernels, rng):
+    x = rng.standard_normal((9, 64), dtype=np.float32)
+    w = rng.standard_normal((64, 40), dtype=np.float32)
+    b = rng.standard_normal(40, dtype=np.float32)
+    y = kernels.linear(x, w, b)
+    assert y.dtype == np.float32 and y.shape == (9, 40)
+    assert rel_err(y, x.astype(np.float64) @ w + b) < 1e-6 * 64
+
+
+def reference_attention(q, k, v):
+    """Causal softmax attention in float64 for queries at positions L-T .. L-1 over keys 0 .. L-1."""
+    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    T, L = q.shape[1], k.shape[1]
+    scores = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])
+    scores[:, np.arange(L)[None, :] > np.arange(L - T, L)[:, None]] = -np.inf
+    w = np.exp(scores - scores.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return w @ v, w
+
+
+@pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
+@pytest.mark.parametrize("start, T", [(0, 1), (0, 37), (20, 1), (13, 19)])
+def test_attention_matches_float64_reference(kernels, start, T, rng):
+    H, hd, capacity = 3, 8, 64
+    k_buf = np.zeros((H, capacity, hd), np.float32)
+    v_buf = np.zeros((H, capacity, hd), np.float32)
+    L = start + T
+    k_buf[:, :L] = rng.standard_normal((H, L, hd), dtype=np.float32)
+    v_buf[:, :L] = rng.standard_normal((H, L, hd), dtype=np.float32)
+    q = rng.standard_normal((H, T, hd), dtype=np.float32)
+    out, weights = kernels.attention(q, k_buf, v_buf, start, True)
+    ref_out, ref_w = reference_attention(q, k_buf[:, :L], v_buf[:, :L])
+    assert out.dtype == np.float32 and weights.dtype == np.float32
+    assert weights.shape == (H, T, L)
+    assert rel_err(out, ref_out) < 1e-5
+    assert np.abs(weights - ref_w).max() < 1e-6
+    future = np.arange(L)[None, :] > np.arange(start, L)[:, None]
+    assert np.all(weights[:, future] == 0.0)
+
+
+def test_layers_match_torch_where_installed(rng):
+    torch = pytest.importorskip("torch", reason="torch (the `parity` extra) is the second reference")
+    x = rng.standard_normal((6, 32), dtype=np.float32)
+    g, b = rng.standard_normal(32, dtype=np.float32), rng.standard_normal(32, dtype=np.float32)
+    ref_ln = torch.nn.functional.layer_norm(torch.from_numpy(x), (32,), torch.from_numpy(g), torch.from_numpy(b), 1e-5)
+    assert rel_err(layer_norm(x, LayerNorm(g, b), 1e-5), ref_ln.double().numpy()) < RTOL
+    ref_gelu = torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh")
+    assert rel_err(gelu(x), ref_gelu.double().numpy()) < RTOL
