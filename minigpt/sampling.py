@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
 
@@ -20,13 +21,13 @@ class SamplingOptions:
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+        if isinstance(t, bool) or not isinstance(t, Real) or not 0 <= t < float("inf"):
             raise InputError(f"temperature must be a finite number >= 0, got {t!r}")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        if k is not None and (isinstance(k, bool) or not isinstance(k, Integral) or k < 1):
             raise InputError(f"top_k must be an integer >= 1, got {k!r}")
-        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1):
+        if p is not None and (isinstance(p, bool) or not isinstance(p, Real) or not 0 < p <= 1):
             raise InputError(f"top_p must be a number in (0, 1], got {p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, Integral)
                                       or self.seed < 0):
             raise InputError(f"seed must be a non-negative integer, got {self.seed!r}")
 

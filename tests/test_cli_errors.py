@@ -1,0 +1,179 @@
+"""Hostile inputs and faults through the CLI: one line `error: ...` on stderr, a non-zero exit, no traceback.
+
+The rows of docs/errors.md, as a user meets them with `python -m minigpt generate`: 1 for a fault,
+2 for a usage error, 130 for Ctrl-C. Most run `minigpt.cli.main` in-process (fast); a few run the
+real `python -m minigpt` in a subprocess, as a user does. The broken checkpoints are the ones
+test_api_errors.py loads through the API.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import huggingface_hub
+import pytest
+from test_api_errors import ALIASES, BROKEN_CHECKPOINTS, EOT, TINY, ReadError, make_checkpoint, only_a_pickle
+
+import minigpt
+from minigpt.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def bpe_tables(tokenizer):
+    """Every command here tokenizes: skip (saying how to fix it) when GPT-2's BPE tables are missing."""
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """`python -m minigpt generate ARGV` in-process: exit code, stdout, stderr."""
+    try:
+        code = main(["generate", *argv])
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def environment(hf_home: Path) -> dict[str, str]:
+    """This process's environment (MINIGPT_BPE_DIR from conftest) with the repository importable,
+    the hub offline and its cache in `hf_home`."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home)}
+
+
+def run(tmp_path: Path, *argv: str) -> tuple[int, str, str]:
+    """The real `python -m minigpt generate ARGV` in a subprocess: exit code, stdout, stderr."""
+    done = subprocess.run([sys.executable, "-m", "minigpt", "generate", *argv], capture_output=True,
+                          text=True, env=environment(tmp_path / "hf"), timeout=120)
+    return done.returncode, done.stdout, done.stderr
+
+
+def assert_error(result: tuple[int, str, str], names, exit_code: int = 1) -> None:
+    """Exit `exit_code`, nothing on stdout, and exactly one line `error: ...` naming every name."""
+    code, out, err = result
+    assert "Traceback" not in err
+    assert code == exit_code, err
+    assert out == ""
+    assert err.startswith("error: ") and err.endswith("\n") and err.count("\n") == 1, err
+    for name in names:
+        assert name in err
+
+
+# Model sources
+
+def test_a_missing_path_is_named_with_the_known_aliases(capsys, tmp_path):
+    missing = str(tmp_path / "no-such-dir")
+    assert_error(cli(capsys, "hi", "--model", missing), [missing, *ALIASES])
+
+
+def test_a_typo_in_an_alias_suggests_it(tmp_path):
+    assert_error(run(tmp_path, "hi", "--model", "gtp2"), ["'gtp2'", "did you mean 'gpt2'", *ALIASES])
+
+
+def test_an_uncached_hub_model_offline_says_so_and_what_to_do(tmp_path):
+    assert_error(run(tmp_path, "hi", "--model", "gpt2"),
+                 ["'openai-community/gpt2'", "offline", "local checkpoint directory", "random-124m"])
+
+
+def test_an_interrupted_download_is_one_line_even_if_the_cause_is_not(capsys, monkeypatch):
+    def interrupted(repo_id, **_):
+        raise ReadError("connection reset\nby peer")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", interrupted)
+    assert_error(cli(capsys, "hi", "--model", "distilgpt2"), ["'distilbert/distilgpt2'", "ReadError", "resume"])
+
+
+# Checkpoints
+
+@pytest.mark.parametrize("breaks, error", BROKEN_CHECKPOINTS)
+def test_a_broken_checkpoint_is_one_line_naming_the_fault(capsys, tmp_path, breaks, error):
+    names = breaks(make_checkpoint(tmp_path))
+    assert_error(cli(capsys, "hi", "--model", str(tmp_path)), names)
+
+
+def test_a_pickle_checkpoint_is_refused_unopened_by_the_real_command(tmp_path):
+    directory = make_checkpoint(tmp_path / "ckpt")
+    names = only_a_pickle(directory)
+    assert_error(run(tmp_path, "hi", "--model", str(directory)), names)
+    assert not (directory / "unpickled").exists(), "a pickle was unpickled"
+
+
+# Options
+
+@pytest.mark.parametrize("option, value", [
+    ("--temperature", "-1"), ("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "0"),
+    ("--top-p", "1.5"), ("--top-k", "0"), ("--top-k", "2.5"), ("--max-new-tokens", "-1"), ("--seed", "-1"),
+    ("--kernels", "fastest"),
+])
+def test_a_bad_option_is_a_usage_error_naming_it(capsys, option, value):
+    assert_error(cli(capsys, "hi", "--model", "random-tiny", option, value), [f"argument {option}", value],
+                 exit_code=2)
+
+
+def test_prompt_plus_new_tokens_beyond_the_context_is_refused_stating_the_limit(capsys):
+    assert_error(cli(capsys, "hi " * 10, "--model", "random-tiny", "--max-new-tokens", "250"),
+                 ["tokens + 250 new tokens", "256 (n_positions)", "--truncate-prompt"])
+    assert_error(cli(capsys, "hi", "--model", "random-tiny", "--max-new-tokens", "300"),
+                 ["300 new tokens", "256 (n_positions)"])
+
+
+def generate_json(capsys, *argv: str) -> dict:
+    code, out, err = cli(capsys, *argv, "--model", "random-tiny", "--json")
+    assert code == 0 and err == "", err
+    return json.loads(out)
+
+
+def test_truncate_prompt_keeps_the_last_tokens(capsys, tokenizer):
+    prompt = " ".join(f"word{i}" for i in range(200))
+    result = generate_json(capsys, prompt, "--max-new-tokens", "6", "--truncate-prompt")
+    assert result["prompt_ids"] == minigpt.encode(tokenizer, prompt)[-250:]
+
+
+# Text
+
+def test_an_empty_prompt_starts_from_endoftext(capsys):
+    assert generate_json(capsys, "", "--max-new-tokens", "2")["prompt_ids"] == [EOT]
+
+
+@pytest.mark.parametrize("prompt", ["<|endoftext|>", "naïve café 😀 <|endoftext|> 中文 \u200b\x00"])
+def test_a_literal_endoftext_and_any_unicode_are_text(capsys, tokenizer, prompt):
+    result = generate_json(capsys, prompt, "--max-new-tokens", "2")
+    assert EOT not in result["prompt_ids"] and tokenizer.decode(result["prompt_ids"]) == prompt
+    code, out, err = cli(capsys, prompt, "--model", "random-tiny", "--max-new-tokens", "2")
+    assert code == 0 and out.startswith(prompt) and err == ""
+
+
+# Ctrl-C
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT cannot be sent to one process on Windows")
+def test_ctrl_c_exits_130_without_a_traceback_keeping_the_text_printed(tmp_path):
+    long_context = make_checkpoint(tmp_path / "ckpt", dataclasses.replace(TINY, n_positions=4096))
+    prompt = "Once upon a time"
+    stdout = tmp_path / "stdout"
+    with open(stdout, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "minigpt", "generate", prompt, "--model", str(long_context),
+             "--max-new-tokens", "4000", "--no-stop"],
+            stdout=out, stderr=subprocess.PIPE, env=environment(tmp_path / "hf"),
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even if our SIGINT is ignored
+        )
+        deadline = time.monotonic() + 60
+        while stdout.stat().st_size < len(prompt) + 10:  # the echoed prompt and some generated text
+            assert process.poll() is None, f"ended before the signal: {process.stderr.read()!r}"
+            assert time.monotonic() < deadline, "no generated text within 60 s"
+            time.sleep(0.02)
+        printed = stdout.read_bytes()
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert b"Traceback" not in err and b"error" not in err
+    assert printed.startswith(prompt.encode())
+    assert stdout.read_bytes().startswith(printed)
