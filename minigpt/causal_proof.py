@@ -1,0 +1,345 @@
+"""The causal-mask proof: why a KV cache can be exact, run as an experiment, bit for bit.
+
+The argument (docs/exactness.md): position t attends only to positions 0..t, so once computed,
+its hidden states, keys and values can never change when later tokens arrive; a cache that
+keeps its keys and values therefore loses nothing. This module runs both generation loops of
+minigpt.generate on a real model and checks every claim of that argument on the bits:
+
+1. "unchanged": in the naive loop, every old position's hidden states (embeddings, each block's
+   output, the final LayerNorm) and every layer's K and V are bitwise the same at each step as
+   at the step before;
+2. "masked": every attention weight on a future key is exactly +0.0;
+3. "causal": at every step, changing the tokens it has not seen yet (all of them, at random)
+   leaves every position it has seen bitwise unchanged (hidden states, K, V and logits);
+4. "cached": the KV-cache loop computes bitwise the naive loop's hidden states, K, V, logits
+   and tokens at every step.
+
+It also counts the work the cache saves, and runs the same checks with the `fast` (plain BLAS)
+kernels to show where their bits drift: the floating-point caveat the argument leaves out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import GPT2Config
+from .errors import InputError
+from .generate import prepare_prompt, steps
+from .kernels import FAST
+from .kv_cache import KVCache
+from .layers import merge_heads
+from .model import Model, Trace
+
+# The four checks, in the order the docstring states them, and the table's verdict columns: the
+# three quantities of check 1, then checks 2 to 4.
+CHECKS = {"unchanged": "old positions unchanged", "masked": "masked weights = +0.0",
+          "causal": "unseen tokens changed", "cached": "cached loop = naive loop"}
+COLUMNS = ("hidden", "K", "V", "masked", "causal", "cached")
+
+# ------------------------------------------------------------------------ comparing bit patterns
+
+
+def ordered_bits(a: np.ndarray) -> np.ndarray:
+    """float32 bit patterns as int64, in the order of the values they encode (+0.0 and -0.0 both 0).
+
+    Adjacent float32 values map to adjacent integers, so a difference is a distance in ULPs.
+    """
+    i = a.view(np.int32).astype(np.int64)
+    return np.where(i < 0, -(i & 0x7FFFFFFF), i)  # sign-magnitude -> two's complement
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One comparison of two [positions, width] float32 arrays, bit pattern against bit pattern.
+
+    step: the generation step (for the "causal" check: the tokens from position P + step on were changed).
+    position: the first position whose bits differ, or None when every bit is the same.
+    """
+
+    check: str  # "unchanged", "masked", "causal" or "cached"
+    step: int
+    layer: str  # "embeddings", "block i", "ln_f" or "logits"
+    quantity: str  # "hidden", "K", "V", "weights" or "logits"
+    position: int | None
+    max_ulp: int  # the largest distance between bit patterns (huge near 0.0, where ULPs are tiny)
+    max_abs: float
+    scale_ulp: float  # max_abs in ULPs of b's largest magnitude: the drift at the layer's scale
+
+    @property
+    def column(self) -> str:
+        return self.quantity if self.check == "unchanged" else self.check
+
+
+def compare(check: str, step: int, layer: str, quantity: str, a: np.ndarray, b: np.ndarray,
+            first_position: int = 0) -> Comparison:
+    """Compare a and b ([T, width] float32, row i = position first_position + i) bit for bit."""
+    if a.dtype != np.float32 or b.dtype != np.float32:
+        raise TypeError(f"bit comparisons need float32 arrays, got {a.dtype} and {b.dtype}")
+    differs = (a.view(np.uint32) != b.view(np.uint32)).any(axis=1)  # [T]
+    position = first_position + int(np.argmax(differs)) if differs.any() else None
+    ulps = np.abs(ordered_bits(a) - ordered_bits(b))
+    max_abs = float(np.abs(a - b).max(initial=0.0))
+    ulp_at_scale = float(np.spacing(np.abs(b).max(initial=np.float32(0.0))))
+    return Comparison(check, step, layer, quantity, position, int(ulps.max(initial=0)), max_abs,
+                      max_abs / ulp_at_scale)
+
+
+# ------------------------------------------------------------- what one forward computed
+
+
+def layer_names(config: GPT2Config) -> list[str]:
+    """The names of Trace.hidden's entries, in order."""
+    return ["embeddings", *(f"block {i}" for i in range(config.n_layer)), "ln_f"]
+
+
+def snapshot(config: GPT2Config, trace: Trace, cache: KVCache) -> dict[tuple[str, str], np.ndarray]:
+    """(layer, quantity) -> [T, width] for the T positions a forward just computed, in the order
+    it computed them: embeddings, then per block its K, V and output, then ln_f."""
+    T = trace.hidden[0].shape[0]
+    start = cache.length - T
+    names = layer_names(config)
+    snap = {(names[0], "hidden"): trace.hidden[0]}
+    for i, hidden in enumerate(trace.hidden[1:-1]):
+        snap[(names[i + 1], "K")] = merge_heads(cache.k[i, :, start:cache.length])  # [H, T, hd] -> [T, C]
+        snap[(names[i + 1], "V")] = merge_heads(cache.v[i, :, start:cache.length])
+        snap[(names[i + 1], "hidden")] = hidden
+    snap[(names[-1], "hidden")] = trace.hidden[-1]
+    return snap
+
+
+def record_forward(model: Model, ids, cache: KVCache | None = None) -> dict[tuple[str, str], np.ndarray]:
+    """One forward (in a fresh cache unless given one), recorded: its snapshot plus ("logits", "logits")."""
+    trace, cache = Trace(), model.new_cache(len(ids)) if cache is None else cache
+    logits = model.forward(ids, cache, trace=trace)  # [T, vocab]
+    return {**snapshot(model.config, trace, cache), ("logits", "logits"): logits}
+
+
+def compare_snapshots(check: str, step: int, a: dict, b: dict, rows: slice) -> list[Comparison]:
+    """Compare positions `rows` of every array in snapshot a with b, which holds just those positions."""
+    return [compare(check, step, layer, quantity, a[layer, quantity][rows], b[layer, quantity], rows.start)
+            for layer, quantity in b]
+
+
+def masked_weights(config: GPT2Config, step: int, trace: Trace, start: int) -> list[Comparison]:
+    """Each layer's attention weights on future keys (key > query) against exact +0.0."""
+    comparisons = []
+    for name, weights in zip(layer_names(config)[1:-1], trace.attention):  # [H, T, start + T]
+        _, T, S = weights.shape
+        future = np.arange(S) > (start + np.arange(T))[:, None]  # [T, S]
+        on_future = merge_heads(np.where(future, weights, np.float32(0.0)))  # [H, T, S] -> [T, H*S]
+        comparisons.append(compare("masked", step, name, "weights", on_future, np.zeros_like(on_future), start))
+    return comparisons
+
+
+# ------------------------------------------------------------------------------- the checks
+
+
+@dataclass(frozen=True)
+class Work:
+    """Tokens pushed through the model, as counted while the loops ran.
+
+    naive = P*N + N(N-1)/2 (step s feeds all P + s tokens); cached = P + N - 1 (the prefill of P,
+    then one token per step; the N-th new token is returned, never fed). Each of the naive loop's
+    extra naive - cached positions is one it had computed already at an earlier step.
+    """
+
+    naive: int
+    cached: int
+    repeated_share: float  # (naive - cached) / naive: the naive loop's work that was pure repetition
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What checks 1 to 4 found with one kernel set."""
+
+    comparisons: tuple[Comparison, ...]  # in the order run
+    tokens: tuple[int, ...]  # the naive loop's tokens
+    tokens_equal: bool  # the cached loop chose the same token at every step
+    work: Work
+
+
+def check_loops(model: Model, prompt: list[int], n_steps: int) -> Checked:
+    """Checks 1, 2 and 4: run the naive and the cached loop side by side, step by step."""
+    config = model.config
+    options = dict(stop_at_eos=False, record=True)
+    naive_loop = steps(model, prompt, n_steps, use_cache=False, **options)
+    cached_loop = steps(model, prompt, n_steps, use_cache=True, **options)
+    comparisons, tokens, tokens_equal, naive_work, previous = [], [], True, 0, None
+    for step, (naive, cached) in enumerate(zip(naive_loop, cached_loop)):
+        L = naive.cache.length  # this step's sequence length; its throwaway cache holds all of it
+        naive_work += L
+        now = snapshot(config, naive.trace, naive.cache)
+        if previous is not None:  # 1: the positions of the step before
+            comparisons += compare_snapshots("unchanged", step, now, previous, slice(0, L - 1))
+        previous = now
+        new = cached.trace.hidden[0].shape[0]  # positions the cached loop computed this step
+        comparisons += masked_weights(config, step, naive.trace, 0)  # 2
+        comparisons += masked_weights(config, step, cached.trace, L - new)
+        if tokens_equal:  # 4 (after a different token the two loops continue different sequences)
+            comparisons += compare_snapshots("cached", step, now, snapshot(config, cached.trace, cached.cache),
+                                             slice(L - new, L))
+            comparisons.append(compare("cached", step, "logits", "logits", naive.logits[None], cached.logits[None],
+                                       L - 1))
+            tokens_equal = naive.token == cached.token
+        tokens.append(naive.token)
+    cached_work = cached.cache.length
+    return Checked(tuple(comparisons), tuple(tokens), tokens_equal,
+                   Work(naive_work, cached_work, 1 - cached_work / naive_work))
+
+
+def check_causality(model: Model, prompt: list[int], tokens: tuple[int, ...]) -> list[Comparison]:
+    """Check 3 on the full sequence prompt + tokens: for each step s, replace every token from
+    position n = P + s on (what step s has not seen yet) with another, drawn at random (seed 0),
+    and compare every position before n.
+
+    Returns no comparisons when the vocabulary has a single token (nothing to change it to).
+    """
+    config, rng = model.config, np.random.default_rng(0)
+    if config.vocab_size < 2:
+        return []
+
+    ids = np.asarray([*prompt, *tokens])
+    reference = record_forward(model, ids)
+    comparisons = []
+    for step, n in enumerate(range(len(prompt), len(ids))):
+        changed = ids.copy()
+        changed[n:] = (ids[n:] + rng.integers(1, config.vocab_size, len(ids) - n)) % config.vocab_size
+        before_n = {key: a[:n] for key, a in reference.items()}
+        comparisons += compare_snapshots("causal", step, record_forward(model, changed), before_n, slice(0, n))
+    return comparisons
+
+
+def check_all(model: Model, prompt: list[int], n_steps: int) -> Checked:
+    """Checks 1 to 4 with the model's kernels."""
+    loops = check_loops(model, prompt, n_steps)
+    causal = check_causality(model, prompt, loops.tokens)
+    return dataclasses.replace(loops, comparisons=loops.comparisons + tuple(causal))
+
+
+# ------------------------------------------------------------------------------- the result
+
+
+@dataclass(frozen=True)
+class Row:
+    """One layer's verdicts: column -> True (bitwise as claimed), False, or None (not applicable)."""
+
+    layer: str
+    verdicts: dict[str, bool | None]
+    scale_ulp: float  # the largest difference in any of its comparisons, in ULPs at the layer's scale
+
+
+def rows_of(config: GPT2Config, comparisons: tuple[Comparison, ...]) -> tuple[Row, ...]:
+    rows = []
+    for layer in [*layer_names(config), "logits"]:
+        mine = [c for c in comparisons if c.layer == layer]
+        verdicts = dict.fromkeys(COLUMNS)
+        for c in mine:
+            verdicts[c.column] = verdicts[c.column] is not False and c.position is None
+        rows.append(Row(layer, verdicts, max((c.scale_ulp for c in mine), default=0.0)))
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Where a kernel set's bits moved where the argument says nothing may, and how far."""
+
+    kernels: str
+    first: dict[str, Comparison | None]  # check -> its first differing comparison in the order run
+    max_ulp: int
+    max_abs: float
+    scale_ulp: float
+    tokens_equal: bool
+
+
+def drift_of(kernels: str, checked: Checked) -> Drift:
+    first = {check: next((c for c in checked.comparisons if c.check == check and c.position is not None), None)
+             for check in CHECKS}
+
+    def largest(field: str):
+        return max((getattr(c, field) for c in checked.comparisons), default=0)
+
+    return Drift(kernels, first, largest("max_ulp"), largest("max_abs"), largest("scale_ulp"), checked.tokens_equal)
+
+
+def describe(drift: Drift) -> str:
+    """Where each check's first bits changed, and the largest change."""
+    head = f"drift, {drift.kernels} kernels:"
+    if not any(drift.first.values()):
+        return f"{head} none; every compared bit is identical"
+    lines = [f"{head} where each check first saw bits change"]
+    for check, c in drift.first.items():
+        where = "nowhere" if c is None else (
+            f"step {c.step}, {c.layer if c.quantity in ('hidden', 'logits') else f'{c.layer} {c.quantity}'}, "
+            f"position {c.position}")
+        lines.append(f"  {CHECKS[check]:<26}{where}")
+    lines += [f"  largest difference {drift.scale_ulp:.3g} ULP at the layer's scale ({drift.max_abs:.3g} absolute; "
+              f"{drift.max_ulp} ULP between raw",
+              "  bit patterns, which count the tiny ULPs near 0.0); tokens "
+              + ("the same" if drift.tokens_equal else "DIFFERENT")]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Proof:
+    """Every check of the argument on one model, prompt and number of steps; prints as a table."""
+
+    kernels: str
+    prompt_len: int
+    steps: int
+    tokens: tuple[int, ...]  # the naive loop's greedy tokens
+    rows: tuple[Row, ...]
+    work: Work
+    drifts: tuple[Drift, ...]  # the kernels checked, then (if they were not fast) the fast kernels
+
+    @property
+    def holds(self) -> bool:
+        """True when every applicable check held bit for bit and the two loops chose the same tokens."""
+        verdicts = [v for row in self.rows for v in row.verdicts.values() if v is not None]
+        return all(verdicts) and self.drifts[0].tokens_equal
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "holds": self.holds}
+
+    def __str__(self) -> str:
+        mark = {True: "yes", False: "NO", None: "-"}
+        widths = (8, 8, 8, 8, 9, 9)
+        lines = [
+            f"kernels {self.kernels}: a {self.prompt_len}-token prompt, {self.steps} greedy steps, "
+            "naive loop against KV-cache loop",
+            "",
+            f"{'':12}{'old positions unchanged':<24}{'masked':<8}{'unseen':<9}{'cached':<9}{'largest':>8}",
+            f"{'layer':<12}{'hidden':<8}{'K':<8}{'V':<8}{'= +0.0':<8}{'changed':<9}{'= naive':<9}{'diff':>8}",
+        ]
+        for row in self.rows:
+            cells = "".join(f"{mark[row.verdicts[c]]:<{w}}" for c, w in zip(COLUMNS, widths))
+            lines.append(f"{row.layer:<12}{cells}{row.scale_ulp:>8.3g}")
+        w, P, N = self.work, self.prompt_len, self.steps
+        lines += [
+            "(largest diff: in ULPs at the layer's scale, the float32 spacing at its largest value; 0: bit for bit)",
+            "",
+            f"tokens: cached loop == naive loop at every step: {mark[self.drifts[0].tokens_equal]}",
+            f"work: naive loop {w.naive} tokens through the model (P*N + N(N-1)/2 = {P}*{N} + {N * (N - 1) // 2}), "
+            f"cached loop {w.cached} (P + N - 1);",
+            f"      {w.naive - w.cached} of the naive loop's {w.naive} ({w.repeated_share:.1%}) were positions "
+            "it had already computed",
+            *(describe(d) for d in self.drifts),
+            "result: " + ("HOLDS: every check passed bit for bit" if self.holds else
+                          f"FAILS with the {self.kernels} kernels (see the NO cells and the drift)"),
+        ]
+        return "\n".join(lines)
+
+
+def prove(model: Model, prompt_ids, n_steps: int = 8) -> Proof:
+    """Run every check with the model's kernels and, for contrast, measure the fast kernels' drift."""
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 2:
+        raise InputError(f"the proof compares consecutive steps: n_steps must be an integer >= 2, got {n_steps!r}")
+    prompt = prepare_prompt(model, prompt_ids, n_steps)
+    checked = check_all(model, prompt, n_steps)
+    drifts = [drift_of(model.kernels.name, checked)]
+    if model.kernels is not FAST:
+        drifts.append(drift_of(FAST.name, check_all(dataclasses.replace(model, kernels=FAST), prompt, n_steps)))
+    return Proof(model.kernels.name, len(prompt), n_steps, checked.tokens, rows_of(model.config, checked.comparisons),
+                 checked.work, tuple(drifts))

@@ -1,0 +1,74 @@
+"""Hypothesis strategies for the property tests: small random GPT-2s, their weights, token ids.
+
+Configurations: 1-3 layers, 1-4 heads, head_dim 1-16, vocabularies of 2-64 tokens, n_positions
+up to 64 (so that sequences cross the exact attention kernel's KEY_BLOCK of 16). Weights come at
+several scales: all zero (every tensor, LayerNorm gains included), Hugging Face's initialisation
+(std 0.02), 30x that (sharp attention), and 1000x (std 20: saturated softmax and GELU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from minigpt.causal_proof import compare_snapshots, record_forward
+from minigpt.config import GPT2Config
+from minigpt.kernels import EXACT, Kernels
+from minigpt.model import Model
+from minigpt.params import GPT2Params, expected_shapes, params_from_tensors, random_params
+
+SCALES = (0.0, 1.0, 30.0, 1000.0)  # 0.0 stands for the all-zero model
+
+
+@st.composite
+def configs(draw, min_positions: int = 1) -> GPT2Config:
+    n_head, head_dim = draw(st.integers(1, 4)), draw(st.integers(1, 16))
+    vocab_size = draw(st.integers(2, 64))
+    return GPT2Config(vocab_size=vocab_size, n_positions=draw(st.integers(min_positions, 64)),
+                      n_embd=n_head * head_dim, n_layer=draw(st.integers(1, 3)), n_head=n_head,
+                      eos_token_id=draw(st.none() | st.integers(0, vocab_size - 1)))
+
+
+def zero_params(config: GPT2Config) -> GPT2Params:
+    return params_from_tensors(config, {name: np.zeros(shape, np.float32)
+                                        for name, shape in expected_shapes(config).items()})
+
+
+@st.composite
+def models(draw, kernels: Kernels = EXACT, scales=SCALES, min_positions: int = 1) -> Model:
+    """A random small GPT-2 with weights at one of `scales` (no tokenizer: ids only)."""
+    config = draw(configs(min_positions))
+    scale = draw(st.sampled_from(scales))
+    seed = draw(st.integers(0, 2**32 - 1))
+    params = zero_params(config) if scale == 0 else random_params(config, seed, scale)
+    return Model(config, params, None, kernels)
+
+
+@st.composite
+def token_ids(draw, config: GPT2Config, min_size: int = 1, max_size: int | None = None) -> list[int]:
+    """Token ids; the length is drawn first, so that long sequences (past KEY_BLOCK) come often."""
+    size = draw(st.integers(min_size, config.n_positions if max_size is None else max_size), label="length")
+    return draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=size, max_size=size), label="ids")
+
+
+def assert_same_bits(full: dict, part: dict, rows: slice) -> None:
+    """Every array of snapshot `part` equals rows `rows` of the same array in `full`, bit for bit."""
+    differing = [c for c in compare_snapshots("bits", 0, full, part, rows) if c.position is not None]
+    assert not differing, f"{len(differing)} arrays differ; the first: {differing[0]}"
+
+
+@st.composite
+def chunkings(draw, length: int) -> list[int]:
+    """Chunk sizes summing to `length`: a prefill cut anywhere into chunks, then single-token steps."""
+    prefill = draw(st.integers(1, length))
+    cuts = sorted(draw(st.sets(st.integers(1, prefill - 1)))) if prefill > 1 else []
+    return np.diff([0, *cuts, prefill]).tolist() + [1] * (length - prefill)
+
+
+def chunked_record(model: Model, ids: list[int], chunks: list[int], capacity: int) -> dict:
+    """record_forward over ids fed chunk by chunk into one cache, the chunks' rows concatenated."""
+    cache, parts, start = model.new_cache(capacity), [], 0
+    for size in chunks:
+        parts.append(record_forward(model, ids[start:start + size], cache))
+        start += size
+    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}

@@ -1,0 +1,50 @@
+"""The forward is float32 end to end: no float64 scalar or array slips in anywhere (numpy 2
+promotes float32 to float64 when one does, silently)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import chunkings, models, token_ids
+
+from minigpt.generate import generate
+from minigpt.kernels import EXACT, FAST, Kernels
+from minigpt.model import Trace
+
+F32 = np.dtype(np.float32)
+
+
+def checking(kernels: Kernels, seen: list) -> Kernels:
+    """The kernel set, recording the dtype of every array that enters or leaves its two functions:
+    the outputs of every LayerNorm, GELU, head split and merge, linear layer and attention."""
+    def linear(x, weight, bias):
+        y = kernels.linear(x, weight, bias)
+        seen.extend((x.dtype, weight.dtype, y.dtype) + (() if bias is None else (bias.dtype,)))
+        return y
+
+    def attention(q, k_buf, v_buf, start, record=False):
+        out, weights = kernels.attention(q, k_buf, v_buf, start, record)
+        seen.extend((q.dtype, k_buf.dtype, v_buf.dtype, out.dtype) + (() if weights is None else (weights.dtype,)))
+        return out, weights
+
+    return Kernels(kernels.name, linear, attention)
+
+
+@given(st.data())
+def test_every_intermediate_stays_float32_in_forward_cached_decode_and_generation(data):
+    """Every array entering or leaving a kernel, every hidden state and attention weight in the
+    trace, and the logits are float32 in a full forward, a chunked cached forward and a sampled
+    generation, with either kernel set."""
+    seen = []
+    model = data.draw(models(checking(data.draw(st.sampled_from([EXACT, FAST]), label="kernels"), seen)))
+    ids = data.draw(token_ids(model.config))
+    cache, start = model.new_cache(), 0
+    for size in data.draw(chunkings(len(ids)), label="chunks"):
+        trace = Trace()
+        seen.append(model.forward(ids[start:start + size], cache, trace=trace).dtype)
+        seen.extend(a.dtype for a in trace.hidden + trace.attention)
+        start += size
+    if len(ids) < model.config.n_positions:
+        generate(model, ids, model.config.n_positions - len(ids), temperature=0.7, seed=0)
+    assert seen and set(seen) == {F32}, f"dtypes seen: {sorted(set(map(str, seen)))}"
