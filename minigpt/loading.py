@@ -22,6 +22,7 @@ from .model import Model
 from .params import random_params
 from .tokenizer import gpt2_tokenizer
 
+GPT2_VOCAB_SIZE = 50257  # 50,000 merges + 256 bytes + <|endoftext|>
 HUB_ALIASES = {
     "gpt2": "openai-community/gpt2",
     "gpt2-medium": "openai-community/gpt2-medium",
@@ -52,7 +53,9 @@ def load(source: str = "gpt2", *, kernels: str = "exact") -> Model:
         return Model(config, random_params(config, seed=0), gpt2_tokenizer(), KERNELS[kernels])
     directory = resolve_directory(source)
     config, params = load_checkpoint(directory)
-    return Model(config, params, gpt2_tokenizer(directory), KERNELS[kernels])
+    # GPT-2's tokenizer only for GPT-2's vocabulary: a test checkpoint with another runs on ids alone.
+    tokenizer = gpt2_tokenizer(directory) if config.vocab_size == GPT2_VOCAB_SIZE else None
+    return Model(config, params, tokenizer, KERNELS[kernels])
 
 
 def resolve_directory(source: str) -> Path:

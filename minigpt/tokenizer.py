@@ -3,15 +3,17 @@
 tiktoken normally downloads GPT-2's two BPE tables (`encoder.json`, `vocab.bpe`) once and caches
 them. Hugging Face checkpoints carry the same tables as `vocab.json` + `merges.txt`, so a
 downloaded checkpoint tokenizes offline; `MINIGPT_BPE_DIR` can name a folder holding either pair.
+Local tables are read here, as they are now: tiktoken's own loader would keep a copy keyed by
+path in its download cache and never notice a changed file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import tiktoken
-import tiktoken.load
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from .errors import TokenizerError
@@ -30,14 +32,40 @@ def find_bpe_files(directory: str | Path) -> tuple[Path, Path] | None:
     return None
 
 
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's tables spell bytes as printable characters: this maps each character back to its byte.
+
+    Printable Latin-1 bytes stand for themselves; the other 68 (controls, space, ...) are spelled, in
+    byte order, by the characters from chr(256) on.
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
+
+
+def read_ranks(merges: Path, vocab: Path) -> dict[bytes, int]:
+    """token bytes -> id from the vocabulary, checked against the merges: merge i makes token 256 + i."""
+    decode = byte_decoder()
+    table = json.loads(vocab.read_text(encoding="utf-8"))
+    ranks = {bytes(decode[c] for c in token): rank for token, rank in table.items() if token != ENDOFTEXT}
+    lines = merges.read_text(encoding="utf-8").split("\n")[1:]  # after the "#version" line
+    for i, line in enumerate(line for line in lines if line):
+        first, second = line.split(" ")
+        if table[first + second] != 256 + i:
+            raise ValueError(f"merge {i} ({line!r}) disagrees with the vocabulary")
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise ValueError("the vocabulary's ids are not 0 .. n-1")
+    return ranks
+
+
 def encoding_from_files(merges: Path, vocab: Path) -> tiktoken.Encoding:
     """tiktoken's GPT-2 encoding built from local BPE tables."""
     try:
-        ranks = tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(merges), str(vocab))
-        return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                                 special_tokens={ENDOFTEXT: len(ranks)})
-    except (OSError, ValueError, KeyError, AssertionError) as e:
+        ranks = read_ranks(merges, vocab)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise TokenizerError(f"cannot read GPT-2 BPE tables {merges} and {vocab}: {e}") from None
+    return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={ENDOFTEXT: len(ranks)})
 
 
 def gpt2_tokenizer(directory: str | Path | None = None) -> tiktoken.Encoding:

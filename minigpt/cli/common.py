@@ -7,9 +7,11 @@ import json
 import math
 import sys
 
+from ..errors import InputError
 from ..kernels import KERNELS
 from ..loading import load
 from ..model import Model
+from ..tokenizer import encode
 
 
 def add_model_options(p: argparse.ArgumentParser, default: str = "gpt2") -> None:
@@ -45,3 +47,11 @@ probability = checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
 def print_json(document: dict) -> None:
     json.dump(document, sys.stdout, indent=2)
     print()
+
+
+def encode_prompt(model: Model, text: str) -> list[int]:
+    """The prompt's GPT-2 token ids; a model with another vocabulary has no tokenizer to use."""
+    if model.tokenizer is None:
+        raise InputError(f"this model's vocabulary has {model.config.vocab_size} tokens, not GPT-2's "
+                         "50257, so it has no tokenizer for a text prompt")
+    return encode(model.tokenizer, text)

@@ -7,9 +7,8 @@ import codecs
 import sys
 
 from ..generate import generate, stream
-from ..tokenizer import encode
-from .common import (add_model_options, load_model, non_negative_float, non_negative_int, positive_int,
-                     print_json, probability)
+from .common import (add_model_options, encode_prompt, load_model, non_negative_float, non_negative_int,
+                     positive_int, print_json, probability)
 
 
 def add_parser(sub) -> None:
@@ -38,7 +37,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     tokenizer = model.tokenizer
-    ids = encode(tokenizer, args.prompt)
+    ids = encode_prompt(model, args.prompt)
     options = dict(use_cache=not args.no_cache, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop,
                    truncate_prompt=args.truncate_prompt)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..causal_proof import prove
-from ..tokenizer import encode
-from .common import add_model_options, load_model, positive_int, print_json
+from .common import add_model_options, encode_prompt, load_model, positive_int, print_json
 
 DEFAULT_PROMPT = "The causal mask means that no position can see the future, so"  # 13 GPT-2 tokens
 
@@ -33,7 +32,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args)
-    proof = prove(model, encode(model.tokenizer, args.prompt), args.steps)
+    proof = prove(model, encode_prompt(model, args.prompt), args.steps)
     if args.json:
         print_json({"model": args.model, "prompt": args.prompt, **proof.as_dict()})
     else:

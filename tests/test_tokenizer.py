@@ -1,0 +1,155 @@
+"""GPT-2's tokenizer: tiktoken's own gpt2 ids, and decode(encode(s)) == s for any text.
+
+`tiktoken.get_encoding("gpt2")` downloads its tables, which tests never do. The reference here is
+built by tiktoken's own recipe, `tiktoken_ext.openai_public.gpt2()`, with only its two download URLs
+redirected to the local files; tiktoken then checks the SHA-256 hashes it pins for them, so these
+tests also prove that the local tables are the real ones.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import tiktoken
+import tiktoken.load
+import tiktoken.registry
+from conftest import bpe_dir
+from hypothesis import given
+from hypothesis import strategies as st
+from tiktoken_ext import openai_public
+
+import minigpt
+from minigpt.errors import TokenizerError
+from minigpt.tokenizer import ENDOFTEXT, gpt2_tokenizer
+
+EOT = 50256
+# The regex's cases (contractions, letters, digits, other, whitespace runs) and the special token's text.
+PIECES = ["The", " dog", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", " 123", "4567", "!?", " ", "   ",
+          "\n", "\n\n", "\r\n", "\t", "\u00a0", "é", "日本語", " 🙂", "\u200d", ENDOFTEXT, "<|", "|>"]
+TEXTS = st.text() | st.lists(st.sampled_from(PIECES) | st.text(max_size=3), max_size=12).map("".join)
+
+
+@pytest.fixture(scope="session")
+def tables():
+    """The folder with encoder.json and vocab.bpe (session-scoped: found before `offline` hides it)."""
+    return bpe_dir()
+
+
+@pytest.fixture(scope="session")
+def reference(tables, tmp_path_factory) -> tiktoken.Encoding:
+    """tiktoken's gpt2 Encoding made by openai_public.gpt2() from the local files, its hashes checked."""
+    build = openai_public.data_gym_to_mergeable_bpe_ranks
+
+    def from_local_files(vocab_bpe_file, encoder_json_file, vocab_bpe_hash, encoder_json_hash):
+        assert vocab_bpe_hash and encoder_json_hash, "tiktoken no longer pins the gpt2 hashes"
+        return build(vocab_bpe_file=str(tables / vocab_bpe_file.rsplit("/", 1)[-1]),
+                     encoder_json_file=str(tables / encoder_json_file.rsplit("/", 1)[-1]),
+                     vocab_bpe_hash=vocab_bpe_hash, encoder_json_hash=encoder_json_hash)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(openai_public, "data_gym_to_mergeable_bpe_ranks", from_local_files)
+        # An empty cache: tiktoken hashes the files themselves (with caching off it would not hash at all).
+        mp.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path_factory.mktemp("tiktoken-cache")))
+        return tiktoken.Encoding(**openai_public.gpt2())
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """No MINIGPT_BPE_DIR, an empty tiktoken cache, no tiktoken encodings in memory, and no network."""
+    monkeypatch.delenv("MINIGPT_BPE_DIR", raising=False)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+    read_file = tiktoken.load.read_file
+
+    def local_only(blobpath: str) -> bytes:
+        if "://" in blobpath:
+            raise ConnectionError(f"the test is offline: {blobpath}")
+        return read_file(blobpath)
+
+    monkeypatch.setattr(tiktoken.load, "read_file", local_only)
+
+
+@pytest.fixture
+def hub_layout(tables, tmp_path):
+    """A directory with GPT-2's tables under the names the hub's checkpoints use: vocab.json, merges.txt."""
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    shutil.copyfile(tables / "encoder.json", directory / "vocab.json")
+    shutil.copyfile(tables / "vocab.bpe", directory / "merges.txt")
+    return directory
+
+
+def token_bytes(encoding: tiktoken.Encoding) -> list[bytes]:
+    return [encoding.decode_single_token_bytes(i) for i in range(encoding.n_vocab)]
+
+
+def test_the_vocabulary_is_tiktokens_gpt2(tokenizer, reference):
+    """The same 50,257 tokens, each the same bytes, and <|endoftext|> = 50256 as the only special token."""
+    assert tokenizer.n_vocab == reference.n_vocab == 50257
+    assert tokenizer.special_tokens_set == reference.special_tokens_set == {ENDOFTEXT}
+    assert tokenizer.eot_token == reference.eot_token == EOT
+    assert token_bytes(tokenizer) == token_bytes(reference)
+
+
+@pytest.mark.parametrize(("text", "ids"), [("The dog", [464, 3290]), ("Hello world", [15496, 995]),
+                                           ("hello world", [31373, 995])])
+def test_known_ids(tokenizer, reference, text, ids):
+    assert minigpt.encode(tokenizer, text) == reference.encode(text) == ids
+
+
+@given(text=TEXTS)
+def test_any_text_encodes_as_tiktoken_gpt2_and_round_trips(tokenizer, reference, text):
+    """Property: for any Unicode text, the ids are tiktoken gpt2's (special tokens read as plain text)
+    and decoding them gives the text back."""
+    ids = minigpt.encode(tokenizer, text)
+    assert ids == reference.encode_ordinary(text)
+    assert tokenizer.decode(ids) == text
+
+
+@pytest.mark.parametrize("text", [ENDOFTEXT, f"The dog{ENDOFTEXT}", f"{ENDOFTEXT}\n{ENDOFTEXT} end"])
+def test_a_literal_endoftext_is_plain_text(tokenizer, reference, text):
+    """"<|endoftext|>" in text is encoded as its characters, as tiktoken's encode_ordinary does, never as 50256."""
+    assert EOT in tokenizer.encode(text, allowed_special="all")  # the special token exists...
+    ids = minigpt.encode(tokenizer, text)
+    assert EOT not in ids  # ...but text never produces it
+    assert ids == reference.encode_ordinary(text)
+    assert tokenizer.decode(ids) == text
+
+
+def test_a_hub_layout_directory_gives_the_same_encoding(tokenizer, hub_layout, offline):
+    """vocab.json + merges.txt, as in a Hugging Face checkpoint, give the same tokenizer as the shared folder."""
+    from_hub_layout = gpt2_tokenizer(hub_layout)
+    assert token_bytes(from_hub_layout) == token_bytes(tokenizer)
+    text = "The dog's 3 toys, naïvely \n\n sorted🙂"
+    assert minigpt.encode(from_hub_layout, text) == minigpt.encode(tokenizer, text)
+
+
+def test_no_tables_and_no_network_is_a_tokenizer_error(offline, tmp_path):
+    """Neither a directory with tables, nor MINIGPT_BPE_DIR, nor tiktoken's cache: a TokenizerError that
+    says how to provide the tables, not the HTTP client's exception."""
+    for directory in (None, tmp_path):
+        with pytest.raises(TokenizerError, match="MINIGPT_BPE_DIR"):
+            gpt2_tokenizer(directory)
+
+
+def test_tables_are_read_as_they_are_now(hub_layout, offline):
+    """Tables that changed after a first load are read anew: here, damaged, they must raise TokenizerError."""
+    gpt2_tokenizer(hub_layout)
+    (hub_layout / "vocab.json").write_text("not JSON")
+    with pytest.raises(TokenizerError):
+        gpt2_tokenizer(hub_layout)
+
+
+def test_a_checkpoint_with_another_vocabulary_gets_no_tokenizer_and_text_is_refused(capsys):
+    """GPT-2's tokenizer is attached only to GPT-2's vocabulary; text for another one is an error."""
+    import minigpt
+    from minigpt.cli import main
+
+    directory = Path(__file__).parent / "fixtures" / "float32"
+    model = minigpt.load(directory)
+    assert model.config.vocab_size != 50257 and model.tokenizer is None
+    assert main(["generate", "hello", "--model", str(directory)]) == 1
+    assert capsys.readouterr().err == (f"error: this model's vocabulary has {model.config.vocab_size} tokens, "
+                                      "not GPT-2's 50257, so it has no tokenizer for a text prompt\n")
