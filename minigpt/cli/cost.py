@@ -1,0 +1,71 @@
+"""`cost --prompt P --reply N`: the naive loop's work against the KV cache's, by arithmetic (instant)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..cost import ARCHITECTURES, DTYPE_BYTES, Cost, estimate
+from .common import positive_int, print_json
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("cost", help="tokens, FLOPs and KV-cache bytes of a request, naive vs cached",
+                       description="Pure arithmetic, nothing is run: tokens pushed through the model by the "
+                                   "naive loop (P*N + N*(N-1)/2) and by the KV-cache loop (P + N), their "
+                                   "approximate FLOPs, and the KV cache's size. See minigpt/cost.py.")
+    p.add_argument("--prompt", type=positive_int, required=True, metavar="P", help="prompt length in tokens")
+    p.add_argument("--reply", type=positive_int, required=True, metavar="N", help="new tokens generated")
+    p.add_argument("--model", choices=list(ARCHITECTURES), default="gpt2", help="architecture (default: gpt2)")
+    p.add_argument("--dtype", choices=list(DTYPE_BYTES), default=None,
+                   help="KV-cache and weight dtype (default: float32 for GPT-2 as minigpt runs it, "
+                        "bfloat16 for llama-3-8b)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    c = estimate(ARCHITECTURES[args.model], args.prompt, args.reply, args.dtype)
+    if args.json:
+        print_json(as_json(c))
+    else:
+        print(report(c))
+    return 0
+
+
+def as_json(c: Cost) -> dict:
+    return {"model": c.arch.name, "prompt": c.prompt, "reply": c.reply, "dtype": c.dtype,
+            "naive_tokens": c.naive_tokens, "cached_tokens": c.cached_tokens, "ratio": c.ratio,
+            "naive_flops": c.naive_flops, "cached_flops": c.cached_flops, "flop_ratio": c.flop_ratio,
+            "kv_bytes_per_token": c.kv_bytes_per_token, "kv_bytes_total": c.kv_bytes_total,
+            "weight_bytes_per_token": c.weight_bytes_per_token, "fits_context": c.fits_context}
+
+
+def report(c: Cost) -> str:
+    lines = [f"{c.arch.name}: {c.prompt:,}-token prompt + {c.reply:,}-token reply, {c.dtype}", "",
+             f"{'':24}{'naive loop':>16}{'KV cache':>16}{'ratio':>10}",
+             f"{'tokens through model':24}{c.naive_tokens:>16,}{c.cached_tokens:>16,}{c.ratio:>9,.0f}x",
+             f"{'FLOPs (approx.)':24}{si(c.naive_flops):>16}{si(c.cached_flops):>16}{c.flop_ratio:>9,.0f}x", "",
+             f"KV cache: {c.kv_bytes_per_token:,} bytes per token ({binary(c.kv_bytes_per_token)}); "
+             f"{c.prompt + c.reply:,} tokens: {c.kv_bytes_total:,} bytes ({binary(c.kv_bytes_total)})",
+             f"weights read per cached decode step: {c.weight_bytes_per_token:,} bytes "
+             f"({binary(c.weight_bytes_per_token)})"]
+    if not c.fits_context:
+        lines.append(f"note: {c.prompt + c.reply:,} tokens exceed {c.arch.name}'s context of "
+                     f"{c.arch.n_positions:,}; the figures are arithmetic only")
+    return "\n".join(lines)
+
+
+def si(n: float) -> str:
+    """1.23 GFLOP-style: a count with an SI prefix."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {prefix}"
+    return f"{n:g}"
+
+
+def binary(n: float) -> str:
+    """A byte count in KiB / MiB / GiB (powers of 1024), as memory is sized."""
+    for prefix, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:,.4g} {prefix}"
+    return f"{n:g} B"

@@ -1,0 +1,93 @@
+"""The cost staircase, measured: the wall time of every generated token, naive loop vs KV cache.
+
+Both loops are `minigpt.generate.generate` (its `step_seconds`) on the same prompt, greedy and
+never stopping at <|endoftext|>, so both do exactly N steps. Without the cache step n reruns all
+P + n positions and its time climbs; with it every step after the prefill does the same work.
+`minigpt.cost` gives the predicted ratio next to the measured one; docs/staircase.md explains
+why they differ.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .cost import Cost, estimate, gpt2_architecture
+from .errors import MinigptError
+from .generate import generate
+from .model import Model
+
+OnStep = Callable[[str, int, float], None]  # (mode, tokens so far, that token's seconds)
+MODES = ("naive", "cached")
+
+
+@dataclass(frozen=True)
+class Staircase:
+    """Per-token seconds of both loops (token 1 includes the prompt's forward) and the arithmetic."""
+
+    seconds: dict[str, list[float]]  # mode ("naive" or "cached") -> N wall times
+    predicted: Cost  # for this model's shapes, P and N
+
+    def summary(self, mode: str) -> dict[str, float]:
+        """first, last and median per-token milliseconds, and the total in seconds."""
+        s = self.seconds[mode]
+        return {"first_ms": s[0] * 1e3, "last_ms": s[-1] * 1e3, "median_ms": statistics.median(s) * 1e3,
+                "total_s": sum(s)}
+
+    @property
+    def measured_ratio(self) -> float:
+        return sum(self.seconds["naive"]) / sum(self.seconds["cached"])
+
+
+def fixed_prompt(model: Model, n_tokens: int) -> list[int]:
+    """n_tokens arbitrary but reproducible token ids (the cost does not depend on which)."""
+    return np.random.default_rng(0).integers(model.config.vocab_size, size=n_tokens).tolist()
+
+
+def measure(model: Model, prompt_tokens: int, new_tokens: int, on_step: OnStep | None = None) -> Staircase:
+    """Time both loops on the same prompt; a short warm-up first so that token 1 is not a cold start."""
+    prompt = fixed_prompt(model, prompt_tokens)
+    generate(model, prompt[:1], 1)  # the first BLAS calls, every weight's pages touched once
+    seconds = {}
+    for mode in MODES:
+        report = None if on_step is None else (lambda i, s, mode=mode: on_step(mode, i, s))
+        result = generate(model, prompt, new_tokens, use_cache=mode == "cached", stop_at_eos=False,
+                          on_step=report)
+        seconds[mode] = result.step_seconds
+    predicted = estimate(gpt2_architecture("model", model.config), prompt_tokens, new_tokens)
+    return Staircase(seconds, predicted)
+
+
+def require_matplotlib() -> None:
+    """Fail early, before a long measurement, when the plot cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MinigptError("--plot needs matplotlib: pip install 'minigpt[plot]' (or pip install matplotlib)") from None
+
+
+def plot(staircase: Staircase, path: str | Path, title: str) -> None:
+    """A PNG of per-token latency against token index, both loops on one chart."""
+    require_matplotlib()
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+
+    fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    for mode, style in zip(MODES, ("o-", "s-")):
+        ms = [s * 1e3 for s in staircase.seconds[mode]]
+        label = f"{'naive loop' if mode == 'naive' else 'KV cache'}: total {sum(ms) / 1e3:.2f} s"
+        ax.plot(range(1, len(ms) + 1), ms, style, markersize=3, linewidth=1, label=label)
+    ax.set_xlabel("generated token")
+    ax.set_ylabel("wall time of that token (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        raise MinigptError(f"cannot write the plot to {path}: {e.strerror or e}") from None

@@ -1,0 +1,108 @@
+"""minigpt.cost: the lesson's figures come out of the arithmetic exactly, and the arithmetic matches the code."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from minigpt.cli import main
+from minigpt.config import GPT2_SIZES
+from minigpt.cost import ARCHITECTURES, _flops, _triangular, estimate, gpt2_architecture
+from minigpt.errors import InputError
+from minigpt.kv_cache import new_cache
+from minigpt.params import random_params
+
+GPT2 = ARCHITECTURES["gpt2"]
+LLAMA = ARCHITECTURES["llama-3-8b"]
+
+
+def test_lesson_512_plus_256_is_163712_tokens_against_768():
+    c = estimate(GPT2, 512, 256)
+    assert (c.naive_tokens, c.cached_tokens) == (163_712, 768)
+    assert round(c.ratio) == 213
+
+
+@pytest.mark.parametrize("prompt, reply, ratio", [(2048, 512, 461), (8192, 1024, 967)])
+def test_lesson_longer_requests_ratios(prompt, reply, ratio):
+    """2,048 + 512 gives 461x; 8,192 + 1,024 gives 967x, the lesson's "almost 1,000x"."""
+    assert round(estimate(GPT2, prompt, reply).ratio) == ratio
+
+
+def test_llama_3_8b_kv_cache_is_128_kib_per_token_and_96_mib_for_768():
+    c = estimate(LLAMA, 512, 256)
+    assert c.dtype == "bfloat16"
+    assert c.kv_bytes_per_token == 131_072 == 128 * 2**10
+    assert c.kv_bytes_total == 96 * 2**20
+
+
+def test_llama_3_8b_has_8_billion_parameters_with_its_embedding():
+    assert LLAMA.matrix_params + LLAMA.vocab_size * LLAMA.n_embd == pytest.approx(8.03e9, rel=1e-3)
+
+
+def test_gpt2_small_kv_bytes_per_token_float32_and_float16():
+    """2 (K and V) x 12 layers x 768 x 4 bytes = 73,728 in float32; half that, 36,864, in float16."""
+    assert estimate(GPT2, 1, 1).kv_bytes_per_token == 2 * 12 * 768 * 4 == 73_728
+    assert estimate(GPT2, 1, 1, "float16").kv_bytes_per_token == 36_864
+
+
+@pytest.mark.parametrize("name", list(GPT2_SIZES))
+def test_kv_bytes_per_token_match_minigpts_own_cache(name):
+    config = GPT2_SIZES[name]
+    capacity = 32
+    cache = new_cache(config, capacity)
+    assert estimate(gpt2_architecture(name, config), 1, 1).kv_bytes_per_token == cache.nbytes // capacity
+
+
+def test_weight_bytes_per_token_are_the_models_weight_matrices():
+    """Every 2-D weight except the position table (one row read per token), counted from real params."""
+    config = ARCHITECTURES["distilgpt2"]
+    params = random_params(GPT2_SIZES["distilgpt2"], seed=0)
+    matrices = [params.wte] + [lin.weight for b in params.h
+                               for lin in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+    assert estimate(config, 1, 1).weight_bytes_per_token == sum(m.nbytes for m in matrices)
+
+
+@pytest.mark.parametrize("prompt, reply", [(1, 1), (1, 40), (7, 13), (512, 256)])
+def test_naive_flops_closed_form_equals_summing_every_step(prompt, reply):
+    """The closed form equals the per-step sum: step n is a forward over P + n positions."""
+    steps = sum(_flops(GPT2, prompt + n, _triangular(prompt + n), 1) for n in range(reply))
+    assert estimate(GPT2, prompt, reply).naive_flops == steps
+
+
+def test_gpt2_small_decode_step_is_about_twice_its_124m_parameters():
+    """One more cached token at short context: 2 FLOPs per weight (85M in blocks + 38.6M LM head)."""
+    one_more = estimate(GPT2, 1, 2).cached_flops - estimate(GPT2, 1, 1).cached_flops
+    assert one_more == pytest.approx(2 * 124e6, rel=0.01)
+
+
+@pytest.mark.parametrize("prompt, reply, dtype", [(0, 5, None), (5, 0, None), (True, 5, None), (5, 5, "int8")])
+def test_invalid_requests_raise_input_error(prompt, reply, dtype):
+    with pytest.raises(InputError):
+        estimate(GPT2, prompt, reply, dtype)
+
+
+def test_cli_json_has_the_issue_keys_and_figures(capsys):
+    assert main(["cost", "--prompt", "512", "--reply", "256", "--model", "llama-3-8b", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {k: doc[k] for k in ("naive_tokens", "cached_tokens", "kv_bytes_per_token", "kv_bytes_total")} == {
+        "naive_tokens": 163_712, "cached_tokens": 768, "kv_bytes_per_token": 131_072, "kv_bytes_total": 96 * 2**20}
+    assert np.isclose(doc["ratio"], 163_712 / 768)
+
+
+def test_cli_text_shows_ratio_and_warns_beyond_the_context(capsys):
+    assert main(["cost", "--prompt", "8192", "--reply", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert "8,912,384" in out and "967x" in out and "exceed gpt2's context of 1,024" in out
+
+
+@pytest.mark.parametrize("argv", [["cost", "--prompt", "0", "--reply", "4"], ["cost", "--reply", "4"],
+                                  ["cost", "--prompt", "4", "--reply", "4", "--model", "llama"],
+                                  ["cost", "--prompt", "4", "--reply", "4", "--dtype", "int8"]])
+def test_cli_usage_errors_exit_2_with_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
