@@ -30,9 +30,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.plot is not None:  # fail now, not after minutes of measuring
-        require_matplotlib()
         if not args.plot.parent.is_dir():
             raise InputError(f"--plot: no directory {str(args.plot.parent)!r} to write {args.plot.name!r} in")
+        require_matplotlib()
     model = load_model(args)
     prepare_prompt(model, [0] * args.prompt_tokens, args.new_tokens)  # too long for the context: say so now
     staircase = measure(model, args.prompt_tokens, args.new_tokens, progress_bar(args.new_tokens))
