@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from .checkpoint import load_checkpoint
+from .checkpoint import INDEX_FILE, WEIGHTS_FILE, load_checkpoint
 from .config import GPT2_SIZES, GPT2Config
 from .errors import InputError, ModelNotFoundError, OfflineError
 from .kernels import KERNELS
@@ -92,7 +92,7 @@ def download(repo_id: str) -> Path:
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
     try:
-        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        snapshot = Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=HUB_FILES))
     except HFValidationError:
         raise unknown_source(f"{repo_id!r} is neither a directory nor a valid hub id", repo_id) from None
     except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError):
@@ -110,3 +110,9 @@ def download(repo_id: str) -> Path:
             f"downloading {repo_id!r} failed ({type(e).__name__}: {e}); no partial file is ever loaded: "
             "run again to resume, or pass a local checkpoint directory"
         ) from None
+    if not any((snapshot / name).is_file() for name in (WEIGHTS_FILE, INDEX_FILE)):
+        raise OfflineError(
+            f"the copy of {repo_id!r} in the huggingface_hub cache ({snapshot}) has no {WEIGHTS_FILE}: its download "
+            "was cut off, or the repository has no safetensors weights; run again online to resume it"
+        )
+    return snapshot
