@@ -1,0 +1,17 @@
+"""The package as installed: `pip install .` must ship every subpackage (the CLI is one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_setup_cfg_ships_every_package_of_the_source_tree(monkeypatch):
+    setupcfg = pytest.importorskip("setuptools.config.setupcfg", reason="setuptools reads setup.cfg here")
+    monkeypatch.chdir(ROOT)
+    packages = set(setupcfg.read_configuration("setup.cfg")["options"]["packages"])
+    in_tree = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minigpt").rglob("__init__.py")}
+    assert packages == in_tree
