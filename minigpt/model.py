@@ -69,9 +69,9 @@ def forward(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids, cache
     cache = new_cache(config, T) if cache is None else cache
     start = cache.length
     if start + T > min(config.n_positions, cache.capacity):
-        raise ContextLengthError(
-            f"{start} cached + {T} new positions exceed the context of {config.n_positions} (n_positions)"
-        )
+        limit = (f"the context of {config.n_positions} (n_positions)" if cache.capacity >= config.n_positions
+                 else f"the cache's capacity of {cache.capacity}")
+        raise ContextLengthError(f"{start} cached + {T} new positions exceed {limit}")
     record = trace is not None
 
     x = params.wte[ids] + params.wpe[start:start + T]  # [T] -> [T, C]

@@ -96,3 +96,10 @@ def test_embedded_random_124m_has_gpt2_small_shapes(tokenizer):
     assert (m.config.n_layer, m.config.n_embd, m.config.n_head, m.config.vocab_size) == (12, 768, 12, 50257)
     assert sum(a.size for a in minigpt.params.params_to_tensors(m.params).values()) == 124_439_808
     assert m.tokenizer.encode("The dog") == [464, 3290]
+
+
+def test_a_cache_smaller_than_the_context_names_its_capacity(model):
+    cache = model.new_cache(16)
+    model.forward(ids(16), cache=cache)
+    with pytest.raises(ContextLengthError, match="capacity of 16"):
+        model.forward(ids(1), cache=cache)
