@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from .errors import ConfigError, check_int
 
 
 @dataclass(frozen=True)
@@ -22,9 +22,7 @@ class GPT2Config:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}")
+            check_int(getattr(self, name), f"config field {name!r}", 1, ConfigError)
         if self.n_embd % self.n_head:
             raise ConfigError(
                 f"config field 'n_embd' ({self.n_embd}) must be divisible by 'n_head' ({self.n_head})"
@@ -33,7 +31,7 @@ class GPT2Config:
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
             raise ConfigError(f"config field 'layer_norm_epsilon' must be a number in (0, 1), got {eps!r}")
         eos = self.eos_token_id
-        if eos is not None and (isinstance(eos, bool) or not isinstance(eos, int) or not 0 <= eos < self.vocab_size):
+        if eos is not None and check_int(eos, "config field 'eos_token_id'", 0, ConfigError) >= self.vocab_size:
             raise ConfigError(
                 f"config field 'eos_token_id' must be an integer in [0, {self.vocab_size}), got {eos!r}"
             )

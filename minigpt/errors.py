@@ -4,6 +4,8 @@ The CLI catches `MinigptError` and prints its message as one line `error: ...`; 
 escaping is a bug in minigpt, not a user's mistake.
 """
 
+import numbers
+
 
 class MinigptError(Exception):
     """Base class: the message names the problem and, where it can, what to do."""
@@ -39,3 +41,10 @@ class InputError(MinigptError):
 
 class ContextLengthError(InputError):
     """Prompt plus new tokens do not fit in the model's n_positions."""
+
+
+def check_int(value: object, name: str, minimum: int, error: type[MinigptError] = InputError) -> int:
+    """`value` as an int if it is an integer (Python or NumPy, not bool) >= minimum; else `error` naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise error(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)

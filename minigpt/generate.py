@@ -16,13 +16,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .errors import ContextLengthError, InputError
+from .errors import ContextLengthError, InputError, check_int
 from .kv_cache import KVCache
 from .model import Model, Trace, check_ids
 from .sampling import SamplingOptions, next_token
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Step:
     """One generated token with what produced it: its logits row [vocab], the cache that the
     forward wrote (a throwaway one in the naive loop) and, when recording, the forward's trace."""
@@ -47,8 +47,7 @@ def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_promp
     An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do. With
     `truncate_prompt`, a prompt too long to leave room for the new tokens keeps its last tokens.
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
-        raise InputError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 0)
     config = model.config
     ids = check_ids(prompt_ids, config.vocab_size).tolist()
     if not ids:
@@ -61,7 +60,8 @@ def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_promp
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the context of "
                 f"{config.n_positions} (n_positions); shorten them"
-                + (" or keep only the prompt's last tokens (truncate_prompt / --truncate-prompt)" if room >= 1 else "")
+                + (" or keep only the prompt's last tokens (truncate_prompt=True; generate --truncate-prompt)"
+                   if room >= 1 else "")
             )
         ids = ids[-room:]
     return ids
@@ -90,13 +90,13 @@ def steps(model: Model, prompt: list[int], max_new_tokens: int, *, use_cache: bo
 
 def start(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
           temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-          seed: int | None = None, stop_at_eos: bool = True, truncate_prompt: bool = False,
-          record: bool = False) -> tuple[list[int], Iterator[Step]]:
+          seed: int | None = None, stop_at_eos: bool = True,
+          truncate_prompt: bool = False) -> tuple[list[int], Iterator[Step]]:
     """Check a request now, before any work; return the prompt as fed and the loop, not yet started."""
     options = SamplingOptions(temperature, top_k, top_p, seed)
     prompt = prepare_prompt(model, prompt_ids, max_new_tokens, truncate_prompt)
     return prompt, steps(model, prompt, max_new_tokens, use_cache=use_cache, options=options,
-                         stop_at_eos=stop_at_eos, record=record)
+                         stop_at_eos=stop_at_eos)
 
 
 def stream(model: Model, prompt_ids, max_new_tokens: int = 40, **options) -> Iterator[int]:

@@ -16,7 +16,7 @@ from .config import GPT2Config
 from .kernels import KEY_BLOCK
 
 
-@dataclass
+@dataclass(eq=False)
 class KVCache:
     """Mutable on purpose: `forward` appends to it. k, v: [n_layer, n_head, capacity, head_dim]."""
 

@@ -12,6 +12,7 @@ A source is one of:
 from __future__ import annotations
 
 import difflib
+from functools import partial
 from pathlib import Path
 
 from .checkpoint import INDEX_FILE, WEIGHTS_FILE, load_checkpoint
@@ -50,12 +51,12 @@ def load(source: str = "gpt2", *, kernels: str = "exact") -> Model:
     source = str(source)
     if source in EMBEDDED:
         config = EMBEDDED[source]
-        return Model(config, random_params(config, seed=0), gpt2_tokenizer(), KERNELS[kernels])
+        return Model(config, random_params(config, seed=0), KERNELS[kernels], gpt2_tokenizer)
     directory = resolve_directory(source)
     config, params = load_checkpoint(directory)
     # GPT-2's tokenizer only for GPT-2's vocabulary: a test checkpoint with another runs on ids alone.
-    tokenizer = gpt2_tokenizer(directory) if config.vocab_size == GPT2_VOCAB_SIZE else None
-    return Model(config, params, tokenizer, KERNELS[kernels])
+    tokenizer = partial(gpt2_tokenizer, directory) if config.vocab_size == GPT2_VOCAB_SIZE else None
+    return Model(config, params, KERNELS[kernels], tokenizer)
 
 
 def resolve_directory(source: str) -> Path:
@@ -65,7 +66,8 @@ def resolve_directory(source: str) -> Path:
         return path
     if source and path.exists():
         raise ModelNotFoundError(f"{source} is a file; --model wants a checkpoint directory")
-    looks_like_path = source.startswith((".", "/", "~")) or "\\" in source or source.count("/") > 1
+    looks_like_path = (source.startswith((".", "/", "~")) or "\\" in source or source.count("/") > 1
+                       or path.parent.is_dir() and path.parent != Path("."))  # e.g. weights/gpt2, weights/ existing
     if source in HUB_ALIASES or (source.count("/") == 1 and not looks_like_path):
         return download(HUB_ALIASES.get(source, source))
     raise unknown_source(f"no directory {source!r} and no model of that name", source)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import reprlib
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import tiktoken
 
 from .config import GPT2Config
 from .errors import ContextLengthError, InputError
@@ -22,8 +23,11 @@ from .kv_cache import KVCache, new_cache
 from .layers import block, layer_norm
 from .params import GPT2Params
 
+if TYPE_CHECKING:  # the model never tokenizes; it only carries the loader
+    from tiktoken import Encoding
 
-@dataclass
+
+@dataclass(eq=False)
 class Trace:
     """What a forward may record for inspection (minigpt.causal_proof reads it).
 
@@ -91,14 +95,23 @@ def forward(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids, cache
     return kernels.linear(rows, params.wte.T, None)  # tied LM head: [T, C] @ [C, vocab] -> [T, vocab]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Model:
-    """A loaded GPT-2: configuration, weights, tokenizer and kernel set, with the forward bound."""
+    """A loaded GPT-2: configuration, weights and kernel set, with the forward bound.
+
+    The tokenizer is built on first use of `.tokenizer` by `tokenizer_loader` (None: the model has no
+    tokenizer, e.g. a test checkpoint whose vocabulary is not GPT-2's), so that work on token ids
+    alone never needs GPT-2's BPE tables.
+    """
 
     config: GPT2Config
     params: GPT2Params
-    tokenizer: tiktoken.Encoding | None = None
     kernels: Kernels = EXACT
+    tokenizer_loader: Callable[[], Encoding] | None = None
+
+    @cached_property
+    def tokenizer(self) -> Encoding | None:
+        return None if self.tokenizer_loader is None else self.tokenizer_loader()
 
     def forward(self, ids, cache: KVCache | None = None, *, last_only: bool = False,
                 trace: Trace | None = None) -> np.ndarray:

@@ -14,31 +14,31 @@ import numpy as np
 from .config import GPT2Config
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # holds arrays: no elementwise ==
 class Linear:
     weight: np.ndarray  # [n_in, n_out]
     bias: np.ndarray  # [n_out]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LayerNorm:
     weight: np.ndarray  # [n_embd], the gain
     bias: np.ndarray  # [n_embd]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Attention:
     c_attn: Linear  # [n_embd, 3 * n_embd]: queries, keys and values of all heads at once
     c_proj: Linear  # [n_embd, n_embd]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MLP:
     c_fc: Linear  # [n_embd, 4 * n_embd]
     c_proj: Linear  # [4 * n_embd, n_embd]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Block:
     ln_1: LayerNorm
     attn: Attention
@@ -46,7 +46,7 @@ class Block:
     mlp: MLP
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GPT2Params:
     wte: np.ndarray  # [vocab_size, n_embd]: token embeddings, and (tied) the LM head
     wpe: np.ndarray  # [n_positions, n_embd]: position embeddings

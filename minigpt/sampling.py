@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, check_int
 
 
 @dataclass(frozen=True)
@@ -23,21 +23,23 @@ class SamplingOptions:
         t, k, p = self.temperature, self.top_k, self.top_p
         if isinstance(t, bool) or not isinstance(t, Real) or not 0 <= t < float("inf"):
             raise InputError(f"temperature must be a finite number >= 0, got {t!r}")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, Integral) or k < 1):
-            raise InputError(f"top_k must be an integer >= 1, got {k!r}")
+        if k is not None:
+            check_int(k, "top_k", 1)
         if p is not None and (isinstance(p, bool) or not isinstance(p, Real) or not 0 < p <= 1):
             raise InputError(f"top_p must be a number in (0, 1], got {p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, Integral)
-                                      or self.seed < 0):
-            raise InputError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.seed is not None:
+            check_int(self.seed, "seed", 0)
 
 
 def filtered_log_probs(logits: np.ndarray, options: SamplingOptions) -> np.ndarray:
     """float64 log-probabilities [vocab] after temperature, top-k and top-p (removed: -inf).
 
     Sampling works in float64: it is not part of the forward, and probabilities near 1e-8 matter here.
+    The maximum is subtracted before dividing, so a tiny temperature sends scores to -inf, never to NaN.
     """
-    z = logits.astype(np.float64) / options.temperature
+    z = logits.astype(np.float64)
+    with np.errstate(over="ignore"):  # overflow here is the intended -inf
+        z = (z - z.max()) / options.temperature
     if options.top_k is not None and options.top_k < z.size:
         kth = np.partition(z, -options.top_k)[-options.top_k]
         z[z < kth] = -np.inf  # ties with the k-th value are kept, as in Hugging Face

@@ -70,11 +70,13 @@ def encoding_from_files(merges: Path, vocab: Path) -> tiktoken.Encoding:
 
 def gpt2_tokenizer(directory: str | Path | None = None) -> tiktoken.Encoding:
     """GPT-2's encoding: from `directory`'s tables if it has them, else `MINIGPT_BPE_DIR`, else tiktoken's."""
-    for folder in (directory, os.environ.get("MINIGPT_BPE_DIR")):
-        if folder is not None:
-            files = find_bpe_files(folder)
-            if files:
-                return encoding_from_files(*files)
+    if directory is not None and (files := find_bpe_files(directory)):
+        return encoding_from_files(*files)
+    if folder := os.environ.get("MINIGPT_BPE_DIR"):
+        if files := find_bpe_files(folder):
+            return encoding_from_files(*files)
+        raise TokenizerError(f"MINIGPT_BPE_DIR is {folder!r}, which holds neither "
+                             + " nor ".join(f"{v} + {m}" for m, v in BPE_FILE_PAIRS))
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # tiktoken raises whatever its HTTP client raised when offline

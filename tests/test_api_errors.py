@@ -459,3 +459,11 @@ def test_any_text_encodes_as_text_round_trips_and_can_be_continued(tiny_model, t
     assert EOT not in ids
     assert tiny_model.tokenizer.decode(ids) == text
     assert minigpt.generate(tiny_model, ids, 1).prompt_ids == (ids or [EOT])
+
+
+def test_a_missing_relative_path_is_not_taken_for_a_hub_id(tmp_path, monkeypatch):
+    """`weights/gpt2` with `weights/` present but no `gpt2` in it is a missing directory, not a download."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "weights").mkdir()
+    message = load_error("weights/gpt2", ModelNotFoundError)
+    assert "no directory 'weights/gpt2'" in message

@@ -32,7 +32,7 @@ def test_result_reports_prompt_tokens_and_one_time_per_token(model):
     result = minigpt.generate(model, [3, 4], 5, stop_at_eos=False)
     assert result.prompt_ids == [3, 4]
     assert len(result.step_seconds) == len(result.tokens) == 5
-    assert all(s > 0 for s in result.step_seconds)
+    assert all(np.isfinite(s) and s >= 0 for s in result.step_seconds)
 
 
 def test_stream_yields_what_generate_returns(model):

@@ -254,9 +254,9 @@ def test_invalid_config_json_names_the_file(tmp_path):
 
 @pytest.mark.parametrize("change, fault", [
     ({"n_head": 3}, "'n_embd' (8) must be divisible by 'n_head' (3)"),
-    ({"n_layer": 0}, "'n_layer' must be a positive integer, got 0"),
-    ({"vocab_size": -16}, "'vocab_size' must be a positive integer, got -16"),
-    ({"n_embd": "8"}, "'n_embd' must be a positive integer, got '8'"),
+    ({"n_layer": 0}, "'n_layer' must be an integer >= 1, got 0"),
+    ({"vocab_size": -16}, "'vocab_size' must be an integer >= 1, got -16"),
+    ({"n_embd": "8"}, "'n_embd' must be an integer >= 1, got '8'"),
 ], ids=["indivisible heads", "zero layers", "negative vocab", "string size"])
 def test_bad_config_field(tmp_path, change, fault):
     write_checkpoint(tmp_path, config=config_to_dict(CONFIG) | change)

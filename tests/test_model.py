@@ -103,3 +103,9 @@ def test_a_cache_smaller_than_the_context_names_its_capacity(model):
     model.forward(ids(16), cache=cache)
     with pytest.raises(ContextLengthError, match="capacity of 16"):
         model.forward(ids(1), cache=cache)
+
+
+def test_models_compare_by_identity_and_hash(model):
+    other = Model(CONFIG, model.params)
+    assert model == model and model != other  # no elementwise array comparison, no error
+    assert len({model, other}) == 2

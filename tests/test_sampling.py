@@ -16,7 +16,16 @@ def kept(logits, **options) -> set[int]:
 
 def test_greedy_is_argmax_and_ignores_the_rng():
     logits = np.array([0.1, 3.0, -1.0, 2.9], np.float32)
-    assert next_token(logits, SamplingOptions(), np.random.default_rng(0)) == 1
+    rng = np.random.default_rng(0)
+    state = rng.bit_generator.state
+    assert next_token(logits, SamplingOptions(), rng) == 1
+    assert rng.bit_generator.state == state
+
+
+def test_a_tiny_temperature_is_greedy_not_nan():
+    logits = np.array([0.1, 3.0, -1.0, 2.9], np.float32) * 100
+    for t in (1e-320, 1e-30, 1e-6):
+        assert next_token(logits, SamplingOptions(temperature=t), np.random.default_rng(0)) == 1
 
 
 def test_top_k_keeps_the_k_largest():
@@ -42,9 +51,13 @@ def test_filtered_probabilities_sum_to_one_and_follow_temperature():
 
 def test_seeded_sampling_is_reproducible_and_follows_the_distribution():
     logits = np.log(np.array([0.7, 0.2, 0.1], np.float32))
-    options = SamplingOptions(temperature=1.0, seed=1)
-    draws = [next_token(logits, options, np.random.default_rng(7)) for _ in range(3)]
-    assert len(set(draws)) == 1
+    options = SamplingOptions(temperature=1.0)
+
+    def draws(seed: int) -> list[int]:
+        rng = np.random.default_rng(seed)
+        return [next_token(logits, options, rng) for _ in range(50)]
+
+    assert draws(7) == draws(7) != draws(8)
     rng = np.random.default_rng(0)
     counts = np.bincount([next_token(logits, options, rng) for _ in range(4000)], minlength=3) / 4000
     assert np.abs(counts - [0.7, 0.2, 0.1]).max() < 0.03

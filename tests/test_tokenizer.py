@@ -153,3 +153,21 @@ def test_a_checkpoint_with_another_vocabulary_gets_no_tokenizer_and_text_is_refu
     assert main(["generate", "hello", "--model", str(directory)]) == 1
     assert capsys.readouterr().err == (f"error: this model's vocabulary has {model.config.vocab_size} tokens, "
                                       "not GPT-2's 50257, so it has no tokenizer for a text prompt\n")
+
+
+def test_a_bpe_folder_without_the_tables_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIGPT_BPE_DIR", str(tmp_path))
+    with pytest.raises(TokenizerError, match=f"MINIGPT_BPE_DIR is '{tmp_path}', which holds neither"):
+        gpt2_tokenizer()
+
+
+def test_an_embedded_model_loads_without_the_tables_and_tokenizes_on_first_use(tmp_path, monkeypatch):
+    """Work on ids alone never needs GPT-2's BPE tables; the tokenizer is built when first asked for."""
+    tables = bpe_dir()
+    monkeypatch.setenv("MINIGPT_BPE_DIR", str(tmp_path))
+    model = minigpt.load("random-tiny")
+    assert minigpt.generate(model, [464, 3290], 3).tokens  # no tokenizer needed
+    with pytest.raises(TokenizerError):
+        model.tokenizer
+    monkeypatch.setenv("MINIGPT_BPE_DIR", str(tables))
+    assert minigpt.load("random-tiny").tokenizer.encode("The dog") == [464, 3290]

@@ -41,7 +41,7 @@ def models(draw, kernels: Kernels = EXACT, scales=SCALES, min_positions: int = 1
     scale = draw(st.sampled_from(scales))
     seed = draw(st.integers(0, 2**32 - 1))
     params = zero_params(config) if scale == 0 else random_params(config, seed, scale)
-    return Model(config, params, None, kernels)
+    return Model(config, params, kernels)
 
 
 @st.composite
