@@ -1,21 +1,9 @@
 """The causal-mask proof: why a KV cache can be exact, run as an experiment, bit for bit.
 
-The argument (docs/exactness.md): position t attends only to positions 0..t, so once computed,
-its hidden states, keys and values can never change when later tokens arrive; a cache that
-keeps its keys and values therefore loses nothing. This module runs both generation loops of
-minigpt.generate on a real model and checks every claim of that argument on the bits:
-
-1. "unchanged": in the naive loop, every old position's hidden states (embeddings, each block's
-   output, the final LayerNorm) and every layer's K and V are bitwise the same at each step as
-   at the step before;
-2. "masked": every attention weight on a future key is exactly +0.0;
-3. "causal": at every step, changing the tokens it has not seen yet (all of them, at random)
-   leaves every position it has seen bitwise unchanged (hidden states, K, V and logits);
-4. "cached": the KV-cache loop computes bitwise the naive loop's hidden states, K, V, logits
-   and tokens at every step.
-
-It also counts the work the cache saves, and runs the same checks with the `fast` (plain BLAS)
-kernels to show where their bits drift: the floating-point caveat the argument leaves out.
+`prove` runs both generation loops of minigpt.generate side by side on a real model and checks, on
+the bits, every claim of the argument in docs/exactness.md: old positions never change, masked
+weights are +0.0, unseen tokens reach no earlier position, and the cached loop computes the naive
+loop's numbers. It returns the verdicts as data; `python -m minigpt prove` prints them.
 """
 
 from __future__ import annotations
@@ -26,17 +14,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import GPT2Config
-from .errors import InputError
+from .errors import check_int
 from .generate import prepare_prompt, steps
 from .kernels import FAST
 from .kv_cache import KVCache
 from .layers import merge_heads
 from .model import Model, Trace
 
-# The four checks, in the order the docstring states them, and the table's verdict columns: the
-# three quantities of check 1, then checks 2 to 4.
-CHECKS = {"unchanged": "old positions unchanged", "masked": "masked weights = +0.0",
-          "causal": "unseen tokens changed", "cached": "cached loop = naive loop"}
+# The four checks, numbered 1 to 4 in docs/exactness.md, and the verdict columns of a Row: the three
+# quantities of check 1, then checks 2 to 4.
+CHECKS = ("unchanged", "masked", "causal", "cached")
 COLUMNS = ("hidden", "K", "V", "masked", "causal", "cached")
 
 # ------------------------------------------------------------------------ comparing bit patterns
@@ -264,27 +251,9 @@ def drift_of(kernels: str, checked: Checked) -> Drift:
     return Drift(kernels, first, largest("max_ulp"), largest("max_abs"), largest("scale_ulp"), checked.tokens_equal)
 
 
-def describe(drift: Drift) -> str:
-    """Where each check's first bits changed, and the largest change."""
-    head = f"drift, {drift.kernels} kernels:"
-    if not any(drift.first.values()):
-        return f"{head} none; every compared bit is identical"
-    lines = [f"{head} where each check first saw bits change"]
-    for check, c in drift.first.items():
-        where = "nowhere" if c is None else (
-            f"step {c.step}, {c.layer if c.quantity in ('hidden', 'logits') else f'{c.layer} {c.quantity}'}, "
-            f"position {c.position}")
-        lines.append(f"  {CHECKS[check]:<26}{where}")
-    lines += [f"  largest difference {drift.scale_ulp:.3g} ULP at the layer's scale ({drift.max_abs:.3g} absolute; "
-              f"{drift.max_ulp} ULP between raw",
-              "  bit patterns, which count the tiny ULPs near 0.0); tokens "
-              + ("the same" if drift.tokens_equal else "DIFFERENT")]
-    return "\n".join(lines)
-
-
 @dataclass(frozen=True)
 class Proof:
-    """Every check of the argument on one model, prompt and number of steps; prints as a table."""
+    """Every check of the argument on one model, prompt and number of steps."""
 
     kernels: str
     prompt_len: int
@@ -300,42 +269,10 @@ class Proof:
         verdicts = [v for row in self.rows for v in row.verdicts.values() if v is not None]
         return all(verdicts) and self.drifts[0].tokens_equal
 
-    def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "holds": self.holds}
-
-    def __str__(self) -> str:
-        mark = {True: "yes", False: "NO", None: "-"}
-        widths = (8, 8, 8, 8, 9, 9)
-        lines = [
-            f"kernels {self.kernels}: a {self.prompt_len}-token prompt, {self.steps} greedy steps, "
-            "naive loop against KV-cache loop",
-            "",
-            f"{'':12}{'old positions unchanged':<24}{'masked':<8}{'unseen':<9}{'cached':<9}{'largest':>8}",
-            f"{'layer':<12}{'hidden':<8}{'K':<8}{'V':<8}{'= +0.0':<8}{'changed':<9}{'= naive':<9}{'diff':>8}",
-        ]
-        for row in self.rows:
-            cells = "".join(f"{mark[row.verdicts[c]]:<{w}}" for c, w in zip(COLUMNS, widths))
-            lines.append(f"{row.layer:<12}{cells}{row.scale_ulp:>8.3g}")
-        w, P, N = self.work, self.prompt_len, self.steps
-        lines += [
-            "(largest diff: in ULPs at the layer's scale, the float32 spacing at its largest value; 0: bit for bit)",
-            "",
-            f"tokens: cached loop == naive loop at every step: {mark[self.drifts[0].tokens_equal]}",
-            f"work: naive loop {w.naive} tokens through the model (P*N + N(N-1)/2 = {P}*{N} + {N * (N - 1) // 2}), "
-            f"cached loop {w.cached} (P + N - 1);",
-            f"      {w.naive - w.cached} of the naive loop's {w.naive} ({w.repeated_share:.1%}) were positions "
-            "it had already computed",
-            *(describe(d) for d in self.drifts),
-            "result: " + ("HOLDS: every check passed bit for bit" if self.holds else
-                          f"FAILS with the {self.kernels} kernels (see the NO cells and the drift)"),
-        ]
-        return "\n".join(lines)
-
 
 def prove(model: Model, prompt_ids, n_steps: int = 8) -> Proof:
     """Run every check with the model's kernels and, for contrast, measure the fast kernels' drift."""
-    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 2:
-        raise InputError(f"the proof compares consecutive steps: n_steps must be an integer >= 2, got {n_steps!r}")
+    n_steps = check_int(n_steps, "n_steps", 2)  # the proof compares consecutive steps
     prompt = prepare_prompt(model, prompt_ids, n_steps)
     checked = check_all(model, prompt, n_steps)
     drifts = [drift_of(model.kernels.name, checked)]

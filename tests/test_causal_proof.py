@@ -6,6 +6,7 @@ batch invariance or the mask; its bit comparisons must see a single flipped bit.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -17,6 +18,7 @@ import minigpt.kernels
 from minigpt.causal_proof import COLUMNS, compare, prove
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
+from minigpt.cli.prove import report
 from minigpt.config import GPT2Config
 from minigpt.errors import InputError
 from minigpt.kernels import EXACT, Kernels
@@ -55,7 +57,11 @@ def test_compare_refuses_arrays_that_are_not_float32():
 
 @pytest.fixture(scope="module")
 def proof(tiny_model):
-    return prove(tiny_model, PROMPT, 5)
+    return prove(tiny_model, PROMPT, np.int64(5))  # any integer type will do
+
+
+def rendered(proof) -> str:
+    return report(proof, argparse.Namespace(model="random-tiny"))
 
 
 def test_proof_holds_on_the_exact_kernels_in_every_cell_that_applies(proof, tiny_model):
@@ -70,7 +76,8 @@ def test_proof_holds_on_the_exact_kernels_in_every_cell_that_applies(proof, tiny
     assert (exact.kernels, exact.max_ulp, exact.tokens_equal) == ("exact", 0, True)
     assert not any(exact.first.values())
     assert fast.kernels == "fast" and fast.first["masked"] is None  # the mask itself is exact in both
-    assert "HOLDS" in str(proof) and "drift, fast kernels" in str(proof)
+    assert proof.steps == 5 and type(proof.steps) is int
+    assert "result: HOLDS" in rendered(proof) and "drift, fast kernels" in rendered(proof)
 
 
 def test_proof_counts_the_work_of_both_loops(proof):
@@ -93,7 +100,7 @@ def test_proof_fails_where_a_kernel_depends_on_how_many_rows_it_is_given(tiny_mo
     assert (block["masked"], block["causal"]) == (True, True)
     first = proof.drifts[0].first["cached"]
     assert (first.step, first.layer, first.quantity, first.position) == (1, "block 0", "K", len(PROMPT))
-    assert "FAILS" in str(proof)
+    assert "result: FAILS with the batch-dependent kernels" in rendered(proof)
 
 
 def test_proof_fails_where_the_mask_leaks(tiny_model, monkeypatch):
@@ -104,14 +111,15 @@ def test_proof_fails_where_the_mask_leaks(tiny_model, monkeypatch):
 
 
 @pytest.mark.parametrize("directory", sorted(p.parent for p in FIXTURES.glob("*/config.json")), ids=lambda p: p.name)
-def test_proof_holds_on_every_checkpoint_layout_and_dtype_in_the_fixtures(tokenizer, directory):
+def test_proof_holds_on_every_checkpoint_layout_and_dtype_in_the_fixtures(directory):
     """float32, float16 and bfloat16 files, hub and sharded layouts; 12 + 8 positions cross a KEY_BLOCK."""
     assert prove(load(directory), list(range(1, 13)), 8).holds
 
 
 def test_proof_needs_two_steps_and_a_prompt_that_fits(tiny_model):
-    with pytest.raises(InputError, match=">= 2"):
-        prove(tiny_model, PROMPT, 1)
+    for n_steps in (1, 2.0, True):
+        with pytest.raises(InputError, match="n_steps must be an integer >= 2"):
+            prove(tiny_model, PROMPT, n_steps)
     with pytest.raises(InputError, match="n_positions"):
         prove(tiny_model, PROMPT, tiny_model.config.n_positions)
 
@@ -151,8 +159,8 @@ def exit_code(argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize("argv, code, message", [
-    (["--steps", "1"], 1, "n_steps must be an integer >= 2"),
-    (["--steps", "0"], 2, "must be >= 1"),
+    (["--steps", "1"], 2, "argument --steps: must be >= 2"),
+    (["--steps", "x"], 2, "argument --steps: invalid int value"),
     (["--steps", "300"], 1, "n_positions"),
     (["--model", "no-such-model"], 1, "no directory"),
 ])
