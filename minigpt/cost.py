@@ -1,23 +1,7 @@
 """What generating costs, by arithmetic alone: tokens pushed through the model, FLOPs, KV-cache bytes.
 
-Nothing is loaded or timed here; `minigpt.staircase` measures what this predicts (docs/staircase.md).
-For a prompt of P tokens and a reply of N tokens:
-
-- The naive loop runs step n (n = 0 .. N-1) over all P + n positions so far:
-  P*N + N*(N-1)/2 tokens pushed through the model, growing like N^2.
-- The KV-cache loop pushes each position through once: P + N tokens. (This is the lesson's count;
-  `minigpt.generate` feeds P + N - 1, since the last new token is never fed back. The difference
-  is one token.)
-
-FLOPs are an approximation (a multiply-add is 2 FLOPs). A forward over positions start .. L-1 costs
-    2 * n_layer * block_params * (L - start)          every weight matrix of every block, per position
-  + 4 * n_layer * attn_width * sum over t of (t + 1)   q.k scores and the weighted sum of values,
-                                                       over the t + 1 keys position t sees
-  + 2 * n_embd * vocab_size                            the LM head, on the last position only
-                                                       (minigpt's `last_only`)
-LayerNorm, GELU, softmax, biases and embedding lookups are left out: each is hundreds of times
-smaller than the term above it that it accompanies (e.g. GELU's ~10 FLOPs per hidden unit against
-the MLP's 2 x 4C x C per position).
+Nothing is loaded or timed here; `minigpt.staircase` measures what this predicts. The counting
+rule, the FLOP formula and what it leaves out are in docs/staircase.md.
 """
 
 from __future__ import annotations
@@ -25,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import GPT2_SIZES, GPT2Config
-from .errors import InputError
+from .errors import InputError, check_int
+from .safetensors_format import ENCODINGS, ITEMSIZE
 
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# The dtypes a checkpoint can store weights in, and their bytes per number.
+DTYPE_BYTES = {dtype: ITEMSIZE[code] for dtype, code in ENCODINGS.items()}
 
 
 @dataclass(frozen=True)
@@ -102,18 +88,20 @@ class Cost:
 
 
 def naive_tokens(prompt: int, reply: int) -> int:
+    """The lesson's count: step n = 0 .. N-1 feeds all P + n tokens so far (the last new one is never fed)."""
     return prompt * reply + reply * (reply - 1) // 2
 
 
 def cached_tokens(prompt: int, reply: int) -> int:
+    """The lesson's count, P + N: it includes the last new token, which `minigpt.generate` never feeds."""
     return prompt + reply
 
 
 def _flops(arch: Architecture, positions: int, keys_seen: int, lm_heads: int) -> int:
-    """The module docstring's formula, summed over a whole loop."""
-    return (2 * arch.n_layer * arch.block_params * positions
-            + 4 * arch.n_layer * arch.attn_width * keys_seen
-            + 2 * arch.n_embd * arch.vocab_size * lm_heads)
+    """docs/staircase.md's FLOP estimate for forwards over `positions` rows in all, seeing `keys_seen` keys."""
+    return (2 * arch.n_layer * arch.block_params * positions  # every block weight matrix, per position
+            + 4 * arch.n_layer * arch.attn_width * keys_seen  # q.k and the weighted sum of v, per key seen
+            + 2 * arch.n_embd * arch.vocab_size * lm_heads)  # the LM head, on the last position only
 
 
 def _triangular(m: int) -> int:
@@ -133,7 +121,7 @@ def naive_flops(arch: Architecture, prompt: int, reply: int) -> int:
 
 
 def cached_flops(arch: Architecture, prompt: int, reply: int) -> int:
-    """Every position once (the prefill, then one per step); the LM head once per new token."""
+    """Every position of `cached_tokens` once (the prefill, then one per step); the LM head once per new token."""
     return _flops(arch, cached_tokens(prompt, reply), _triangular(prompt + reply), reply)
 
 
@@ -144,9 +132,7 @@ def kv_bytes_per_token(arch: Architecture, dtype: str) -> int:
 
 def estimate(arch: Architecture, prompt: int, reply: int, dtype: str | None = None) -> Cost:
     """All of the above for one request; `dtype` defaults to the architecture's own."""
-    for name, value in (("prompt", prompt), ("reply", reply)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"{name} must be a positive number of tokens, got {value!r}")
+    prompt, reply = check_int(prompt, "prompt", 1), check_int(reply, "reply", 1)
     dtype = arch.dtype if dtype is None else dtype
     if dtype not in DTYPE_BYTES:
         raise InputError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")

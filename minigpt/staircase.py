@@ -72,21 +72,31 @@ def require_matplotlib() -> None:
 
 def plot(staircase: Staircase, path: str | Path, title: str) -> None:
     """A PNG of per-token latency against token index, both loops on one chart."""
+    labels = {"naive": "naive loop", "cached": "KV cache"}
+    plot_latencies({f"{labels[mode]}: total {sum(s):.2f} s": [t * 1e3 for t in s]
+                    for mode, s in staircase.seconds.items()}, path, title)
+
+
+def plot_latencies(series: dict[str, list[float]], path: str | Path, title: str, *, first_token: int = 1,
+                   floor: tuple[str, float] | None = None) -> None:
+    """A PNG of milliseconds per generated token, one line per labelled series starting at `first_token`,
+    and optionally a (label, ms) floor as a dashed line. scripts/benchmark.py draws its plot with it too."""
     require_matplotlib()
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
 
     fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    for mode, style in zip(MODES, ("o-", "s-")):
-        ms = [s * 1e3 for s in staircase.seconds[mode]]
-        label = f"{'naive loop' if mode == 'naive' else 'KV cache'}: total {sum(ms) / 1e3:.2f} s"
-        ax.plot(range(1, len(ms) + 1), ms, style, markersize=3, linewidth=1, label=label)
+    for label, ms in series.items():
+        ax.plot(range(first_token, first_token + len(ms)), ms, "o-", markersize=2, linewidth=1, label=label)
+    if floor is not None:
+        label, ms = floor
+        ax.axhline(ms, color="black", linestyle="--", linewidth=1, label=label)
     ax.set_xlabel("generated token")
     ax.set_ylabel("wall time of that token (ms)")
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     try:
         fig.savefig(path)
     except OSError as e:

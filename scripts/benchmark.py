@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -38,10 +39,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minigpt.checkpoint import save_checkpoint  # noqa: E402
 from minigpt.cost import ARCHITECTURES, estimate  # noqa: E402
+from minigpt.errors import MinigptError  # noqa: E402
 from minigpt.generate import generate  # noqa: E402
 from minigpt.kernels import FAST  # noqa: E402
 from minigpt.loading import load  # noqa: E402
-from minigpt.staircase import fixed_prompt  # noqa: E402
+from minigpt.model import Model  # noqa: E402
+from minigpt.staircase import fixed_prompt, plot_latencies, require_matplotlib  # noqa: E402
 
 BEGIN, END = "<!-- benchmark:begin -->", "<!-- benchmark:end -->"
 REPEATS = 3
@@ -120,16 +123,21 @@ def read_bandwidth() -> dict[str, float]:
     return {name: a.nbytes / best_time(fn) for name, fn in ways.items()}
 
 
-def interleaved(runs: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, list]:
-    """Each engine's results over `repeats` rounds, the engines taking turns within a round."""
+def interleaved(engines: dict[str, Model], hf: Transformers | None, minigpt_fn: Callable, hf_fn: Callable,
+                *args) -> dict[str, list]:
+    """`minigpt_fn(model, *args)` for each minigpt engine and `hf_fn(hf, *args)` when transformers is
+    installed, over REPEATS rounds, the engines taking turns within a round; each engine's results."""
+    runs = {name: partial(minigpt_fn, model, *args) for name, model in engines.items()}
+    if hf is not None:
+        runs["transformers"] = partial(hf_fn, hf, *args)
     results = {name: [] for name in runs}
-    for _ in range(repeats):
+    for _ in range(REPEATS):
         for name, fn in runs.items():
             results[name].append(fn())
     return results
 
 
-def minigpt_engines(model_exact) -> dict[str, object]:
+def minigpt_engines(model_exact: Model) -> dict[str, Model]:
     return {"minigpt exact": model_exact, "minigpt fast": dataclasses.replace(model_exact, kernels=FAST)}
 
 
@@ -244,36 +252,27 @@ def run_benchmark() -> Results:
     logits_diff = None if hf is None else float(np.abs(hf.logits(short) - model.forward(short, last_only=True)[0]).max())
 
     log("cached decode ...")
-    runs = {name: (lambda m=m: minigpt_cached(m, short, DECODE_TOKENS)) for name, m in engines.items()}
-    if hf is not None:
-        runs["transformers"] = lambda: hf.cached(short, DECODE_TOKENS)
-    decode = interleaved(runs)
+    decode = interleaved(engines, hf, minigpt_cached, Transformers.cached, short, DECODE_TOKENS)
     reference = decode["minigpt exact"][0][0]
     decode_ms = {name: min(statistics.median(s) for _, s in rounds) * 1e3 for name, rounds in decode.items()}
     same_tokens = {name: all(tokens == reference for tokens, _ in rounds) for name, rounds in decode.items()}
 
     log("cached decode after a 512-token prompt ...")
-    runs = {name: (lambda m=m: minigpt_cached(m, long_prompt, FLAT_TOKENS)[1]) for name, m in engines.items()}
-    if hf is not None:
-        runs["transformers"] = lambda: hf.cached(long_prompt, FLAT_TOKENS)[1]
-    flat_rounds = interleaved(runs)
+    flat_runs = interleaved(engines, hf, minigpt_cached, Transformers.cached, long_prompt, FLAT_TOKENS)
+    flat_rounds = {name: [s for _, s in rounds] for name, rounds in flat_runs.items()}
     flat = {name: (min(statistics.median(s[:FLAT_WINDOW]) for s in rounds) * 1e3,
                    min(statistics.median(s[-FLAT_WINDOW:]) for s in rounds) * 1e3)
             for name, rounds in flat_rounds.items()}
     flat_series = {name: [t * 1e3 for t in min(rounds, key=sum)] for name, rounds in flat_rounds.items()}
 
     log("prefill ...")
-    runs = {name: (lambda m=m: minigpt_prefill(m, long_prompt[:PREFILL])) for name, m in engines.items()}
-    if hf is not None:
-        runs["transformers"] = lambda: hf.prefill(long_prompt[:PREFILL])
-    prefill_tps = {name: PREFILL / min(rounds) for name, rounds in interleaved(runs).items()}
+    prefill = interleaved(engines, hf, minigpt_prefill, Transformers.prefill, long_prompt[:PREFILL])
+    prefill_tps = {name: PREFILL / min(rounds) for name, rounds in prefill.items()}
 
     log("naive loop ...")
-    runs = {name: (lambda m=m: minigpt_naive(m, one, NAIVE_TOKENS)) for name, m in engines.items()}
-    if hf is not None:
-        runs["transformers"] = lambda: hf.naive(one, NAIVE_TOKENS)
+    naive = interleaved(engines, hf, minigpt_naive, Transformers.naive, one, NAIVE_TOKENS)
     naive_ms = {name: (min(s[0] for s in rounds) * 1e3, min(s[-1] for s in rounds) * 1e3)
-                for name, rounds in interleaved(runs).items()}
+                for name, rounds in naive.items()}
 
     weight_bytes = estimate(ARCHITECTURES["gpt2"], 1, 1).weight_bytes_per_token
     return Results(info, bandwidth, weight_bytes, decode_ms, same_tokens, logits_diff, prefill_tps, flat,
@@ -357,20 +356,9 @@ def write_block(path: Path, block: str) -> None:
 
 def plot(r: Results, path: Path) -> None:
     """Cached per-token time after the 512-token prompt, per engine, with the bandwidth floor."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    for name, series in r.flat_series.items():
-        ax.plot(range(2, len(series) + 2), series, linewidth=1, label=name)
-    ax.axhline(r.floor_ms, color="black", linestyle="--", linewidth=1, label="bandwidth floor (weights only)")
-    ax.set_xlabel(f"generated token (after a {FLAT_PROMPT}-token prompt; token 1 includes the prefill, not shown)")
-    ax.set_ylabel("wall time of that token (ms)")
-    ax.set_ylim(bottom=0)
-    ax.set_title("Cached decode per token, GPT-2-small shapes (scripts/benchmark.py)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.savefig(path)
+    title = (f"Cached decode per token after a {FLAT_PROMPT}-token prompt, GPT-2-small shapes\n"
+             "(token 1, which includes the prefill, not shown; scripts/benchmark.py)")
+    plot_latencies(r.flat_series, path, title, first_token=2, floor=("bandwidth floor (weights only)", r.floor_ms))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -378,6 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="replace the results block in this file (docs/benchmarks.md)")
     parser.add_argument("--plot", type=Path, help="write the cached per-token plot here (matplotlib)")
     args = parser.parse_args(argv)
+    if args.plot:
+        try:
+            require_matplotlib()  # now, not after minutes of measuring
+        except MinigptError as e:
+            parser.error(str(e))
     results = run_benchmark()
     block = markdown(results)
     print(block)

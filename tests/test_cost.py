@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from minigpt.cli import main
+from minigpt.cli.cost import times
 from minigpt.config import GPT2_SIZES
 from minigpt.cost import ARCHITECTURES, _flops, _triangular, estimate, gpt2_architecture
 from minigpt.errors import InputError
@@ -16,6 +18,7 @@ from minigpt.params import random_params
 
 GPT2 = ARCHITECTURES["gpt2"]
 LLAMA = ARCHITECTURES["llama-3-8b"]
+STAIRCASE_MD = Path(__file__).resolve().parents[1] / "docs" / "staircase.md"
 
 
 def test_lesson_512_plus_256_is_163712_tokens_against_768():
@@ -24,10 +27,20 @@ def test_lesson_512_plus_256_is_163712_tokens_against_768():
     assert round(c.ratio) == 213
 
 
-@pytest.mark.parametrize("prompt, reply, ratio", [(2048, 512, 461), (8192, 1024, 967)])
-def test_lesson_longer_requests_ratios(prompt, reply, ratio):
+@pytest.mark.parametrize("prompt, reply, naive, cached, ratio", [(2048, 512, 1_179_392, 2_560, 461),
+                                                                  (8192, 1024, 8_912_384, 9_216, 967)])
+def test_lesson_longer_requests_ratios(prompt, reply, naive, cached, ratio):
     """2,048 + 512 gives 461x; 8,192 + 1,024 gives 967x, the lesson's "almost 1,000x"."""
-    assert round(estimate(GPT2, prompt, reply).ratio) == ratio
+    c = estimate(GPT2, prompt, reply)
+    assert (c.naive_tokens, c.cached_tokens, round(c.ratio)) == (naive, cached, ratio)
+
+
+def test_gpt2_small_512_plus_256_in_float16_caches_27_mib():
+    assert estimate(GPT2, 512, 256, "float16").kv_bytes_total == 27 * 2**20
+
+
+def test_gpt2_small_lm_head_is_38_6m_parameters():
+    assert GPT2.vocab_size * GPT2.n_embd == 38_597_376
 
 
 def test_llama_3_8b_kv_cache_is_128_kib_per_token_and_96_mib_for_768():
@@ -77,7 +90,12 @@ def test_gpt2_small_decode_step_is_about_twice_its_124m_parameters():
     assert one_more == pytest.approx(2 * 124e6, rel=0.01)
 
 
-@pytest.mark.parametrize("prompt, reply, dtype", [(0, 5, None), (5, 0, None), (True, 5, None), (5, 5, "int8")])
+def test_numpy_integers_are_counts_too():
+    assert estimate(GPT2, np.int64(512), np.int32(256)) == estimate(GPT2, 512, 256)
+
+
+@pytest.mark.parametrize("prompt, reply, dtype", [(0, 5, None), (5, 0, None), (True, 5, None), (5.0, 5, None),
+                                                  (5, 5, "int8")])
 def test_invalid_requests_raise_input_error(prompt, reply, dtype):
     with pytest.raises(InputError):
         estimate(GPT2, prompt, reply, dtype)
@@ -89,6 +107,29 @@ def test_cli_json_has_the_issue_keys_and_figures(capsys):
     assert {k: doc[k] for k in ("naive_tokens", "cached_tokens", "kv_bytes_per_token", "kv_bytes_total")} == {
         "naive_tokens": 163_712, "cached_tokens": 768, "kv_bytes_per_token": 131_072, "kv_bytes_total": 96 * 2**20}
     assert np.isclose(doc["ratio"], 163_712 / 768)
+
+
+def test_cli_text_for_512_plus_256_is_what_docs_staircase_md_quotes(capsys):
+    """The page's cost block, verbatim: FLOPs 29.8 T vs 161 G (185x), 494,128,128 bytes of weights,
+    56,623,104 bytes (54 MiB) of cache; a change to the output or the arithmetic must update the page."""
+    assert main(["cost", "--prompt", "512", "--reply", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "29.8 T" in out and "161 G" in out and "185x" in out
+    assert "494,128,128 bytes" in out and "56,623,104 bytes (54 MiB)" in out
+    assert out in STAIRCASE_MD.read_text()
+
+
+def test_cli_text_for_a_tiny_request_shows_ratios_below_one_and_the_counting_rule(capsys):
+    """1 + 1: the lesson's count gives 1 naive token against 2 cached; the output says why."""
+    assert main(["cost", "--prompt", "1", "--reply", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "0.5x" in out and "0.593x" in out and "never fed back" in out
+
+
+@pytest.mark.parametrize("ratio, text", [(0.5, "0.5x"), (0.5931, "0.593x"), (1.7142, "1.71x"), (30.24, "30.2x"),
+                                         (213.17, "213x"), (1179.2, "1,179x")])
+def test_ratios_print_with_about_three_significant_figures(ratio, text):
+    assert times(ratio) == text
 
 
 def test_cli_text_shows_ratio_and_warns_beyond_the_context(capsys):

@@ -11,8 +11,9 @@ from .common import positive_int, print_json
 def add_parser(sub) -> None:
     p = sub.add_parser("cost", help="tokens, FLOPs and KV-cache bytes of a request, naive vs cached",
                        description="Pure arithmetic, nothing is run: tokens pushed through the model by the "
-                                   "naive loop (P*N + N*(N-1)/2) and by the KV-cache loop (P + N), their "
-                                   "approximate FLOPs, and the KV cache's size. See minigpt/cost.py.")
+                                   "naive loop (P*N + N*(N-1)/2) and by the KV-cache loop (P + N, the lesson's "
+                                   "count, which includes the last new token although it is never fed), their "
+                                   "approximate FLOPs, and the KV cache's size. See docs/staircase.md.")
     p.add_argument("--prompt", type=positive_int, required=True, metavar="P", help="prompt length in tokens")
     p.add_argument("--reply", type=positive_int, required=True, metavar="N", help="new tokens generated")
     p.add_argument("--model", choices=list(ARCHITECTURES), default="gpt2", help="architecture (default: gpt2)")
@@ -43,8 +44,10 @@ def as_json(c: Cost) -> dict:
 def report(c: Cost) -> str:
     lines = [f"{c.arch.name}: {c.prompt:,}-token prompt + {c.reply:,}-token reply, {c.dtype}", "",
              f"{'':24}{'naive loop':>16}{'KV cache':>16}{'ratio':>10}",
-             f"{'tokens through model':24}{c.naive_tokens:>16,}{c.cached_tokens:>16,}{c.ratio:>9,.0f}x",
-             f"{'FLOPs (approx.)':24}{si(c.naive_flops):>16}{si(c.cached_flops):>16}{c.flop_ratio:>9,.0f}x", "",
+             f"{'tokens through model':24}{c.naive_tokens:>16,}{c.cached_tokens:>16,}{times(c.ratio):>10}",
+             f"{'FLOPs (approx.)':24}{si(c.naive_flops):>16}{si(c.cached_flops):>16}{times(c.flop_ratio):>10}",
+             "(as the lesson counts: naive P*N + N(N-1)/2, step n feeding P + n tokens; cached P + N,",
+             " one more than minigpt feeds: the last new token is returned, never fed back)", "",
              f"KV cache: {c.kv_bytes_per_token:,} bytes per token ({binary(c.kv_bytes_per_token)}); "
              f"{c.prompt + c.reply:,} tokens: {c.kv_bytes_total:,} bytes ({binary(c.kv_bytes_total)})",
              f"weights read per cached decode step: {c.weight_bytes_per_token:,} bytes "
@@ -53,6 +56,11 @@ def report(c: Cost) -> str:
         lines.append(f"note: {c.prompt + c.reply:,} tokens exceed {c.arch.name}'s context of "
                      f"{c.arch.n_positions:,}; the figures are arithmetic only")
     return "\n".join(lines)
+
+
+def times(ratio: float) -> str:
+    """A ratio to about three significant figures: 0.5x, 1.71x, 30.2x, 213x, 1,179x."""
+    return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
 
 
 def si(n: float) -> str:
