@@ -204,13 +204,15 @@ def save_checkpoint(
     store lm_head.weight (= wte). attn_bias: also store the causal-mask buffers h.N.attn.bias
     and h.N.attn.masked_bias that the hub file carries (in `dtype`, like the weights).
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     tensors = {prefix + name: value for name, value in params_to_tensors(params).items()}
     if lm_head:
         tensors[LM_HEAD] = params.wte
     if attn_bias:
         tensors.update(_mask_buffers(config, prefix))
+    if not 1 <= shards <= len(tensors):  # before anything is written
+        raise ValueError(f"shards must be in 1..{len(tensors)} (one tensor at least each), got {shards}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     if shards == 1:
         write_safetensors(directory / WEIGHTS_FILE, tensors, dtype, HF_METADATA)
     else:
@@ -232,8 +234,6 @@ def _mask_buffers(config: GPT2Config, prefix: str) -> dict[str, np.ndarray]:
 def _write_shards(directory: Path, tensors: dict[str, np.ndarray], dtype: str, shards: int) -> None:
     """Split the sorted tensors into `shards` files of about equal count, then write the index."""
     names = sorted(tensors)
-    if not 1 <= shards <= len(names):
-        raise ValueError(f"shards must be in 1..{len(names)} (one tensor at least each), got {shards}")
     weight_map = {}
     for i in range(shards):
         group = names[i * len(names) // shards:(i + 1) * len(names) // shards]

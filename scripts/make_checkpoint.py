@@ -2,10 +2,12 @@
 
 For tests and benchmarks that need a checkpoint directory without downloading one:
 
-    python scripts/make_checkpoint.py /tmp/tiny --size tiny --bpe-dir DIR
+    python scripts/make_checkpoint.py /tmp/tiny --size random-tiny --bpe-dir DIR
 
---bpe-dir names a folder with GPT-2's encoder.json and vocab.bpe; they are copied in under the
-hub's names (vocab.json, merges.txt) so the directory is a complete, self-contained model.
+The sizes are GPT-2's and the embedded random-tiny's; with the default seed 0 the weights are those
+`minigpt.load` builds for random-tiny (and, with --size gpt2, for random-124m). --bpe-dir names a
+folder with GPT-2's BPE tables; they are copied in under the hub's names (vocab.json, merges.txt)
+so the directory is a complete, self-contained model.
 """
 
 from __future__ import annotations
@@ -18,45 +20,51 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
 from minigpt.checkpoint import PREFIX, save_checkpoint  # noqa: E402
-from minigpt.config import GPT2_SIZES, GPT2Config  # noqa: E402
+from minigpt.config import GPT2_SIZES  # noqa: E402
+from minigpt.loading import EMBEDDED  # noqa: E402
 from minigpt.params import random_params  # noqa: E402
 from minigpt.safetensors_format import ENCODINGS  # noqa: E402
+from minigpt.tokenizer import BPE_FILE_PAIRS, find_bpe_files  # noqa: E402
 
-SIZES = {**GPT2_SIZES, "tiny": GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128)}
-BPE_FILES = {"encoder.json": "vocab.json", "vocab.bpe": "merges.txt"}  # GPT-2's name -> the hub's
+SIZES = {**GPT2_SIZES, "random-tiny": EMBEDDED["random-tiny"]}
+HUB_BPE_FILES = BPE_FILE_PAIRS[-1]  # (merges.txt, vocab.json): the names a checkpoint carries them under
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--size", choices=SIZES, default="tiny")
+    parser.add_argument("--size", choices=SIZES, default="random-tiny")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=ENCODINGS, default="float32")
     parser.add_argument("--no-prefix", action="store_true", help="name tensors h.0... as the hub's gpt2 file does")
-    parser.add_argument("--shards", type=int, default=1, help="split the weights into this many files")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="split the weights into this many files, each with one tensor at least")
     parser.add_argument("--lm-head", action="store_true", help="also store lm_head.weight (= wte)")
     parser.add_argument("--attn-bias", action="store_true", help="also store the causal-mask buffers")
-    parser.add_argument("--bpe-dir", type=Path, help="folder with GPT-2's encoder.json and vocab.bpe")
-    args = parser.parse_args(argv)
-    if args.shards < 1:
-        parser.error("--shards must be at least 1")
-    if args.bpe_dir and not all((args.bpe_dir / name).is_file() for name in BPE_FILES):
-        parser.error(f"--bpe-dir {args.bpe_dir} must hold {' and '.join(BPE_FILES)}")
-    return args
+    parser.add_argument("--bpe-dir", type=Path,
+                        help="folder with GPT-2's BPE tables: encoder.json and vocab.bpe (or vocab.json and merges.txt)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.bpe_dir and find_bpe_files(args.bpe_dir) is None:
+        parser.error(f"--bpe-dir {args.bpe_dir} must hold "
+                     + " or ".join(f"{vocab} and {merges}" for merges, vocab in BPE_FILE_PAIRS))
     config = SIZES[args.size]
-    save_checkpoint(
-        args.out_dir, config, random_params(config, args.seed), dtype=args.dtype,
-        prefix="" if args.no_prefix else PREFIX, shards=args.shards, lm_head=args.lm_head,
-        attn_bias=args.attn_bias,
-    )
+    try:
+        save_checkpoint(
+            args.out_dir, config, random_params(config, args.seed), dtype=args.dtype,
+            prefix="" if args.no_prefix else PREFIX, shards=args.shards, lm_head=args.lm_head,
+            attn_bias=args.attn_bias,
+        )
+    except ValueError as e:  # checked before anything is written
+        parser.error(f"--{e}")
     if args.bpe_dir:
-        for source, target in BPE_FILES.items():
-            shutil.copyfile(args.bpe_dir / source, args.out_dir / target)
-    print(f"wrote a random {args.size} checkpoint to {args.out_dir}")
+        for source, target in zip(find_bpe_files(args.bpe_dir), HUB_BPE_FILES):
+            shutil.copyfile(source, args.out_dir / target)
+    print(f"wrote {args.size}'s shapes with random weights (seed {args.seed}) to {args.out_dir}")
 
 
 if __name__ == "__main__":

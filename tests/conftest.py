@@ -42,8 +42,9 @@ def tokenizer():
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tokenizer):
-    """The embedded random-tiny model (2 layers, n_embd 64), exact kernels, with the tokenizer."""
+def tiny_model():
+    """The embedded random-tiny model (2 layers, n_embd 64), exact kernels; its tokenizer is built
+    only if a test uses it (such a test asks for the `tokenizer` fixture too)."""
     import minigpt
 
     return minigpt.load("random-tiny")

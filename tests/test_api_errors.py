@@ -427,7 +427,7 @@ def test_truncate_prompt_cannot_make_room_for_more_tokens_than_the_context(tiny_
 
 # Text: the empty prompt, a literal <|endoftext|>, any Unicode
 
-def test_an_empty_prompt_starts_from_endoftext(tiny_model):
+def test_an_empty_prompt_starts_from_endoftext(tiny_model, tokenizer):
     ids = minigpt.encode(tiny_model.tokenizer, "")
     assert ids == []
     assert minigpt.generate(tiny_model, ids, 2).prompt_ids == [EOT]
@@ -452,7 +452,7 @@ def test_a_lone_surrogate_becomes_the_replacement_character(tokenizer):
 
 
 @given(st.lists(st.one_of(st.text(max_size=12), st.just("<|endoftext|>")), max_size=3).map("".join))
-def test_any_text_encodes_as_text_round_trips_and_can_be_continued(tiny_model, text):
+def test_any_text_encodes_as_text_round_trips_and_can_be_continued(tiny_model, tokenizer, text):
     """Property: any Unicode text, literal "<|endoftext|>" included, encodes without the special token,
     decodes back to itself, and generation continues it (from <|endoftext|> when it is empty)."""
     ids = minigpt.encode(tiny_model.tokenizer, text)

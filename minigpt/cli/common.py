@@ -16,7 +16,7 @@ from ..tokenizer import encode
 
 def add_model_options(p: argparse.ArgumentParser, default: str = "gpt2") -> None:
     p.add_argument("--model", default=default,
-                   help=f"checkpoint directory, alias (gpt2, gpt2-medium, ...), hub id, or random-124m "
+                   help=f"checkpoint directory, alias (gpt2, gpt2-medium, ...), hub id, random-124m or random-tiny "
                         f"(default: {default})")
     p.add_argument("--kernels", choices=list(KERNELS), default="exact",
                    help="exact: row-invariant, cache bitwise exact (default); fast: plain BLAS")
