@@ -208,6 +208,10 @@ def check_all(model: Model, prompt: list[int], n_steps: int) -> Checked:
 
 # ------------------------------------------------------------------------------- the result
 
+LABELS = {"unchanged": "old positions unchanged", "masked": "masked weights = +0.0",
+          "causal": "unseen tokens changed", "cached": "cached loop = naive loop"}
+MARK = {True: "yes", False: "NO", None: "-"}
+
 
 @dataclass(frozen=True)
 class Row:
@@ -263,11 +267,61 @@ class Proof:
     work: Work
     drifts: tuple[Drift, ...]  # the kernels checked, then (if they were not fast) the fast kernels
 
+    def __str__(self) -> str:
+        return render(self)
+
     @property
     def holds(self) -> bool:
         """True when every applicable check held bit for bit and the two loops chose the same tokens."""
         verdicts = [v for row in self.rows for v in row.verdicts.values() if v is not None]
         return all(verdicts) and self.drifts[0].tokens_equal
+
+
+def render(proof: Proof) -> str:
+    """The verdict table, the work counted, each kernel set's drift and the result."""
+    widths = (8, 8, 8, 8, 9, 9)
+    lines = [
+        f"kernels {proof.kernels}: a {proof.prompt_len}-token prompt, {proof.steps} greedy steps, "
+        "naive loop against KV-cache loop",
+        "",
+        f"{'':12}{'old positions unchanged':<24}{'masked':<8}{'unseen':<9}{'cached':<9}{'largest':>8}",
+        f"{'layer':<12}{'hidden':<8}{'K':<8}{'V':<8}{'= +0.0':<8}{'changed':<9}{'= naive':<9}{'diff':>8}",
+    ]
+    for row in proof.rows:
+        cells = "".join(f"{MARK[row.verdicts[c]]:<{w}}" for c, w in zip(COLUMNS, widths))
+        lines.append(f"{row.layer:<12}{cells}{row.scale_ulp:>8.3g}")
+    w, P, N = proof.work, proof.prompt_len, proof.steps
+    lines += [
+        "(largest diff: in ULPs at the layer's scale, the float32 spacing at its largest value; 0: bit for bit)",
+        "",
+        f"tokens: cached loop == naive loop at every step: {MARK[proof.drifts[0].tokens_equal]}",
+        f"work: naive loop {w.naive} tokens through the model (P*N + N(N-1)/2 = {P}*{N} + {N * (N - 1) // 2}), "
+        f"cached loop {w.cached} (P + N - 1);",
+        f"      {w.naive - w.cached} of the naive loop's {w.naive} ({w.repeated_share:.1%}) were positions "
+        "it had already computed",
+        *(describe(d) for d in proof.drifts),
+        "result: " + ("HOLDS: every check passed bit for bit" if proof.holds else
+                      f"FAILS with the {proof.kernels} kernels (see the NO cells and the drift)"),
+    ]
+    return "\n".join(lines)
+
+
+def describe(drift: Drift) -> str:
+    """Where each check's first bits changed, and the largest change."""
+    head = f"drift, {drift.kernels} kernels:"
+    if not any(drift.first.values()):
+        return f"{head} none; every compared bit is identical"
+    lines = [f"{head} where each check first saw bits change"]
+    for check, c in drift.first.items():
+        where = "nowhere" if c is None else (
+            f"step {c.step}, {c.layer if c.quantity in ('hidden', 'logits') else f'{c.layer} {c.quantity}'}, "
+            f"position {c.position}")
+        lines.append(f"  {LABELS[check]:<26}{where}")
+    lines += [f"  largest difference {drift.scale_ulp:.3g} ULP at the layer's scale ({drift.max_abs:.3g} absolute; "
+              f"{drift.max_ulp} ULP between raw",
+              "  bit patterns, which count the tiny ULPs near 0.0); tokens "
+              + ("the same" if drift.tokens_equal else "DIFFERENT")]
+    return "\n".join(lines)
 
 
 def prove(model: Model, prompt_ids, n_steps: int = 8) -> Proof:

@@ -5,13 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..causal_proof import COLUMNS, Drift, Proof, prove
+from ..causal_proof import Proof, prove
 from .common import add_model_options, checked, encode_prompt, load_model, print_json
 
 DEFAULT_PROMPT = "The causal mask means that no position can see the future, so"  # 13 GPT-2 tokens
-LABELS = {"unchanged": "old positions unchanged", "masked": "masked weights = +0.0",
-          "causal": "unseen tokens changed", "cached": "cached loop = naive loop"}
-MARK = {True: "yes", False: "NO", None: "-"}
 
 
 def add_parser(sub) -> None:
@@ -41,57 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(as_json(proof, args))
     else:
-        print(report(proof, args))
+        print(f"model {args.model}\n{proof}")
     return 0 if proof.holds else 1
 
 
 def as_json(proof: Proof, args: argparse.Namespace) -> dict:
     return {"model": args.model, "prompt": args.prompt, **dataclasses.asdict(proof), "holds": proof.holds}
-
-
-def report(proof: Proof, args: argparse.Namespace) -> str:
-    """The verdict table, the work counted, each kernel set's drift and the result."""
-    widths = (8, 8, 8, 8, 9, 9)
-    lines = [
-        f"model {args.model}",
-        f"kernels {proof.kernels}: a {proof.prompt_len}-token prompt, {proof.steps} greedy steps, "
-        "naive loop against KV-cache loop",
-        "",
-        f"{'':12}{'old positions unchanged':<24}{'masked':<8}{'unseen':<9}{'cached':<9}{'largest':>8}",
-        f"{'layer':<12}{'hidden':<8}{'K':<8}{'V':<8}{'= +0.0':<8}{'changed':<9}{'= naive':<9}{'diff':>8}",
-    ]
-    for row in proof.rows:
-        cells = "".join(f"{MARK[row.verdicts[c]]:<{w}}" for c, w in zip(COLUMNS, widths))
-        lines.append(f"{row.layer:<12}{cells}{row.scale_ulp:>8.3g}")
-    w, P, N = proof.work, proof.prompt_len, proof.steps
-    lines += [
-        "(largest diff: in ULPs at the layer's scale, the float32 spacing at its largest value; 0: bit for bit)",
-        "",
-        f"tokens: cached loop == naive loop at every step: {MARK[proof.drifts[0].tokens_equal]}",
-        f"work: naive loop {w.naive} tokens through the model (P*N + N(N-1)/2 = {P}*{N} + {N * (N - 1) // 2}), "
-        f"cached loop {w.cached} (P + N - 1);",
-        f"      {w.naive - w.cached} of the naive loop's {w.naive} ({w.repeated_share:.1%}) were positions "
-        "it had already computed",
-        *(describe(d) for d in proof.drifts),
-        "result: " + ("HOLDS: every check passed bit for bit" if proof.holds else
-                      f"FAILS with the {proof.kernels} kernels (see the NO cells and the drift)"),
-    ]
-    return "\n".join(lines)
-
-
-def describe(drift: Drift) -> str:
-    """Where each check's first bits changed, and the largest change."""
-    head = f"drift, {drift.kernels} kernels:"
-    if not any(drift.first.values()):
-        return f"{head} none; every compared bit is identical"
-    lines = [f"{head} where each check first saw bits change"]
-    for check, c in drift.first.items():
-        where = "nowhere" if c is None else (
-            f"step {c.step}, {c.layer if c.quantity in ('hidden', 'logits') else f'{c.layer} {c.quantity}'}, "
-            f"position {c.position}")
-        lines.append(f"  {LABELS[check]:<26}{where}")
-    lines += [f"  largest difference {drift.scale_ulp:.3g} ULP at the layer's scale ({drift.max_abs:.3g} absolute; "
-              f"{drift.max_ulp} ULP between raw",
-              "  bit patterns, which count the tiny ULPs near 0.0); tokens "
-              + ("the same" if drift.tokens_equal else "DIFFERENT")]
-    return "\n".join(lines)
