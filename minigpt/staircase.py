@@ -18,7 +18,7 @@ import numpy as np
 
 from .cost import Cost, estimate, gpt2_architecture
 from .errors import MinigptError
-from .generate import generate
+from .generate import generate, prepare_prompt
 from .model import Model
 
 OnStep = Callable[[str, int, float], None]  # (mode, tokens so far, that token's seconds)
@@ -49,8 +49,11 @@ def fixed_prompt(model: Model, n_tokens: int) -> list[int]:
 
 
 def measure(model: Model, prompt_tokens: int, new_tokens: int, on_step: OnStep | None = None) -> Staircase:
-    """Time both loops on the same prompt; a short warm-up first so that token 1 is not a cold start."""
-    prompt = fixed_prompt(model, prompt_tokens)
+    """Time both loops on the same prompt; a short warm-up first so that token 1 is not a cold start.
+
+    The request is checked before the warm-up: one too long for the context fails before any work.
+    """
+    prompt = prepare_prompt(model, fixed_prompt(model, prompt_tokens), new_tokens)
     generate(model, prompt[:1], 1)  # the first BLAS calls, every weight's pages touched once
     seconds = {}
     for mode in MODES:

@@ -49,10 +49,10 @@ def read_ranks(merges: Path, vocab: Path) -> dict[bytes, int]:
     table = json.loads(vocab.read_text(encoding="utf-8"))
     ranks = {bytes(decode[c] for c in token): rank for token, rank in table.items() if token != ENDOFTEXT}
     lines = merges.read_text(encoding="utf-8").split("\n")[1:]  # after the "#version" line
-    for i, line in enumerate(line for line in lines if line):
-        first, second = line.split(" ")
+    for i, merge in enumerate(line for line in lines if line):
+        first, second = merge.split(" ")
         if table[first + second] != 256 + i:
-            raise ValueError(f"merge {i} ({line!r}) disagrees with the vocabulary")
+            raise ValueError(f"merge {i} ({merge!r}) disagrees with the vocabulary")
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise ValueError("the vocabulary's ids are not 0 .. n-1")
     return ranks

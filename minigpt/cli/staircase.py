@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from ..generate import prepare_prompt
 from ..staircase import MODES, OnStep, Staircase, measure, plot, require_matplotlib
 from .common import add_model_options, load_model, positive_int, print_json
 
@@ -34,7 +33,6 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--plot: no directory {str(args.plot.parent)!r} to write {args.plot.name!r} in")
         require_matplotlib()
     model = load_model(args)
-    prepare_prompt(model, [0] * args.prompt_tokens, args.new_tokens)  # too long for the context: say so now
     staircase = measure(model, args.prompt_tokens, args.new_tokens, progress_bar(args.new_tokens))
     if args.plot is not None:
         plot(staircase, args.plot, f"{args.model} ({args.kernels} kernels): {args.prompt_tokens}-token prompt, "
