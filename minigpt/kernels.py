@@ -1,43 +1,65 @@
 """The two places where floating-point order is decided: matrix products and attention.
 
-Two kernel sets share one model code path (see docs/exactness.md):
+Two kernel sets share one model code path (docs/exactness.md, docs/batching.md):
 
-- `EXACT` (the default) is *row-invariant*: every output row is computed by the same sequence of
-  floating-point operations on operands of the same shape, whether its row is computed alone (a
-  cached decode step), with its neighbours (the naive loop's full pass) or in a prefill chunk of
-  any size. That is what makes cached K/V bitwise exact.
-- `FAST` is what everyone writes: one BLAS matrix product for all rows and a masked softmax over
-  the full square. BLAS picks different blockings for different row counts and `np.sum`
-  re-associates with length, so rows drift in the last bits as the sequence grows.
+- `EXACT` (the default) is *batch-invariant*: every output row is computed by the same sequence of
+  floating-point operations whether it is computed alone (a decode step), with the other rows of
+  its sequence (a prefill, the naive loop), with other sequences' rows (a batch), or with draft
+  tokens (a speculative verification), and whatever the BLAS thread count.
+- `FAST` is what everyone writes: one BLAS matrix product for all rows and a softmax over all keys
+  at once. Its rows drift in the last bits with the row count and the thread count.
 
-How EXACT achieves row invariance:
+How EXACT is built (weights are stored [n_out, n_in], so an output is a contiguous weight row):
 
-1. `linear` multiplies each row by its own BLAS call of shape [1, n_in] @ [n_in, n_out]
-   (`np.matmul` over a stack of single rows runs one matrix-vector product per row). A row's
-   result then depends only on that row and the weight, never on how many rows came with it.
-2. `attention` gives query position t exactly the keys 0 .. L(t)-1 with L(t) rounded up to a
-   whole block, L(t) = KEY_BLOCK * (t // KEY_BLOCK + 1), whatever else is in the batch. Scores,
-   max, exp, sum and the weighted sum of values are per-query operations over that fixed length
-   (matrix-vector products and reductions along the last axis), so their results depend on t and
-   the data only. Keys t+1 .. L(t)-1 are in the future: their scores are set to -inf, so their
-   weights are exactly 0.0 and add exact zeros. Rounding L(t) up to a block lets a whole block of
-   queries share one stacked call, which keeps prefill fast; the KV cache's capacity is always a
-   multiple of KEY_BLOCK so that those padded keys exist (zeros) in every cache.
+1. Matrix-vector products only. NumPy sends a product with one row to BLAS's gemv and one with
+   several rows to gemm, and gemm's rounding can depend on how many rows it gets. `exact_linear`
+   never calls gemm: each row is multiplied on its own. A row's result then depends only on that
+   row and the weights, never on what else is in the batch. This needs nothing from BLAS but that
+   the same call on the same data gives the same answer.
+2. Every gemv call produces a multiple of `ALIGN` = 64 outputs. The thread count enters through
+   one door: OpenBLAS splits a large gemv's outputs between its threads at ceil(n / threads), and
+   its kernel computes outputs four at a time, with different code for a leftover one, two or
+   three. A split at an output that is not a multiple of four moves outputs between those code
+   paths (that is why the LM head's 50,257 logits used to change with the thread count). With
+   64-output calls every share is a multiple of four for 1, 2, 4, 8 or 16 threads, so every output
+   takes the four-at-a-time path: its arithmetic is the same whichever call, block or thread
+   computes it. The last n_out % 64 outputs go through a zero-padded 64-row copy of their weights.
+3. Because an output's arithmetic does not depend on the call that computes it, the weights can be
+   cut into blocks for speed. One row: one gemv over the whole matrix (BLAS threads it). Several
+   rows: L2-sized blocks of weight rows, each block multiplied by every row while it is in cache,
+   the blocks shared between minigpt's own worker threads (each call small enough for BLAS to run
+   it on the calling thread). That reuse is what makes batching pay (docs/batching.md).
+4. `exact_attention` gives query position t exactly the keys 0 .. L(t)-1, L(t) rounded up to a
+   whole page: L(t) = PAGE * (t // PAGE + 1), whatever else is in the batch. Keys after t inside
+   that page get score -inf and weight +0.0. Scores are one gemv per query over contiguous runs of
+   pages (a key's score is one dot product, the same in any run); the weighted sum of values is
+   computed page by page (16 keys), and the pages' partial sums are added in page order. So the
+   arithmetic depends on t and the data only, not on how the sequence's pages are laid out in
+   memory: a contiguous cache and a paged one (minigpt.paging) give the same bits.
 
 Everything else in the model (embeddings, LayerNorm, GELU, residual adds) is elementwise or
-reduces along one row, so it is row-invariant as it stands. The property tests in
-tests/properties/ check all of this bit for bit.
+reduces along one row. The property tests in tests/properties/ check all of this bit for bit, and
+tests/test_threads.py at 1 and 2 BLAS threads.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from functools import cache
+from typing import Callable, Sequence
 
 import numpy as np
 
-KEY_BLOCK = 16  # queries per stacked attention call; cache capacities are multiples of it
+PAGE = 16  # positions per KV page and keys per attention block; cache capacities are multiples of it
+ALIGN = 64  # outputs per gemv call are a multiple of this (point 2 above)
+BLOCK_ELEMENTS = 100_000  # weights per block when several rows share it: ~400 KB, inside a 1 MB L2
+
+# A sequence's keys and values as contiguous runs of pages, in position order: [(k, v), ...],
+# each [n_head, n, head_dim] with n a multiple of PAGE (minigpt.kv_cache.KVCache.segments).
+Segments = Sequence[tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -45,9 +67,9 @@ class Kernels:
     """A kernel set: the model calls only these two functions for anything order-sensitive."""
 
     name: str
-    # (x [T, n_in], weight [n_in, n_out], bias [n_out] | None) -> [T, n_out]
+    # (x [T, n_in], weight [n_out, n_in], bias [n_out] | None) -> [T, n_out]
     linear: Callable[[np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
-    # (q [H, T, hd], k_buf [H, capacity, hd], v_buf [H, capacity, hd], start, record)
+    # (q [H, T, hd] at positions start .. start+T-1, segments, start, record)
     #   -> (out [H, T, hd], weights [H, T, start + T] or None)
     attention: Callable[..., tuple[np.ndarray, np.ndarray | None]]
 
@@ -65,47 +87,145 @@ def _causal_scores(scores: np.ndarray, query_pos: np.ndarray, n_keys: int) -> np
     return np.where(future, np.float32(-np.inf), scores)
 
 
+def _cut(segments: Segments, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The first n positions of a sequence's segments, as views."""
+    parts, taken = [], 0
+    for k, v in segments:
+        if taken >= n:
+            break
+        m = min(k.shape[1], n - taken)
+        parts.append((k[:, :m], v[:, :m]))
+        taken += m
+    if taken < n:
+        raise ValueError(f"the cache segments hold {taken} positions, attention needs {n}")
+    return parts
+
+
 # ----------------------------------------------------------------------------- fast: plain BLAS
 
 
 def fast_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    y = x @ weight  # [T, n_in] @ [n_in, n_out] -> [T, n_out], one BLAS call for all rows
+    y = x @ weight.T  # [T, n_in] @ [n_in, n_out] -> [T, n_out], one BLAS call for all rows
     return y if bias is None else y + bias
 
 
-def fast_attention(q, k_buf, v_buf, start: int, record: bool = False):
+def fast_attention(q, segments: Segments, start: int, record: bool = False):
     n_head, T, head_dim = q.shape
     L = start + T  # keys 0 .. L-1 exist
-    k, v = k_buf[:, :L], v_buf[:, :L]  # [H, L, hd]
-    scores = q @ k.transpose(0, 2, 1) / np.float32(math.sqrt(head_dim))  # [H, T, hd] @ [H, hd, L] -> [H, T, L]
-    weights = _softmax_rows(_causal_scores(scores, np.arange(start, L), L))  # [H, T, L]
-    out = weights @ v  # [H, T, L] @ [H, L, hd] -> [H, T, hd]
+    parts = _cut(segments, L)
+    scores = np.concatenate([q @ k.transpose(0, 2, 1) for k, _ in parts], axis=-1)  # [H, T, hd] @ [H, hd, L] -> [H, T, L]
+    weights = _softmax_rows(_causal_scores(scores / np.float32(math.sqrt(head_dim)), np.arange(start, L), L))
+    out, at = 0, 0
+    for _, v in parts:  # [H, T, n] @ [H, n, hd], summed over the runs -> [H, T, hd]
+        out = out + weights[..., at:at + v.shape[1]] @ v
+        at += v.shape[1]
     return out, (weights if record else None)
 
 
-# ------------------------------------------------------------------- exact: row-invariant
+# ------------------------------------------------------------------- exact: batch-invariant
+
+
+def threads() -> int:
+    """How many threads minigpt's exact kernels use: BLAS's own setting when the environment gives
+    one (OPENBLAS_NUM_THREADS, then OMP_NUM_THREADS), else the CPUs this process may run on."""
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@cache
+def _workers() -> ThreadPoolExecutor | None:
+    """The worker threads that share weight blocks with the calling thread (None: it works alone).
+    NumPy releases the GIL inside a matrix product, so they run in parallel."""
+    n = threads()
+    return ThreadPoolExecutor(n - 1, thread_name_prefix="minigpt-kernels") if n > 1 else None
+
+
+def _gemv_rows(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """out[b, t] = blocks[b] @ x[t] for every block b and row t: one gemv each, block-major order so
+    that a block is read from memory once and from cache for the other rows.
+    blocks [nb, cols, n_in], x [T, n_in], out [nb, T, cols, 1]."""
+    np.matmul(blocks[:, None], x[None, :, :, None], out=out)  # nb x T x ([cols, n_in] @ [n_in, 1])
+
+
+def _blocked(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """weight [n, n_in] (n a multiple of ALIGN) times each row of x [T, n_in] -> [T, n], in blocks of
+    `cols` weight rows split between the worker threads."""
+    n, n_in = weight.shape
+    T = x.shape[0]
+    cols = min(n, ALIGN * max(1, BLOCK_ELEMENTS // (ALIGN * n_in)))
+    full = n // cols * cols
+    jobs = []  # (blocks [nb, c, n_in], out [nb, T, c, 1]): the whole blocks, then the last, narrower one
+    for blocks in ([weight[:full].reshape(full // cols, cols, n_in)] if full else []) + (
+            [weight[full:][None]] if full < n else []):
+        # `out` block-major and contiguous: NumPy loops in the order of the output's memory, so this
+        # keeps each block in cache for all T rows.
+        jobs.append((blocks, np.empty((blocks.shape[0], T, blocks.shape[1], 1), np.float32)))
+    pool = _workers()
+    if pool is None:
+        for blocks, out in jobs:
+            _gemv_rows(blocks, x, out)
+    else:
+        n_threads, futures, mine = threads(), [], []
+        for blocks, out in jobs:  # each job's blocks in n_threads contiguous shares; the caller keeps share 0
+            edges = np.linspace(0, blocks.shape[0], n_threads + 1).round().astype(int)
+            mine.append((blocks[edges[0]:edges[1]], out[edges[0]:edges[1]]))
+            futures += [pool.submit(_gemv_rows, blocks[lo:hi], x, out[lo:hi])
+                        for lo, hi in zip(edges[1:-1], edges[2:]) if hi > lo]
+        for blocks, out in mine:
+            if blocks.shape[0]:
+                _gemv_rows(blocks, x, out)
+        for f in futures:
+            f.result()
+    return np.concatenate([out[..., 0].transpose(1, 0, 2).reshape(T, -1) for _, out in jobs], axis=1)  # [T, n]
 
 
 def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    y = np.matmul(x[:, None, :], weight)[:, 0, :]  # T x ([1, n_in] @ [n_in, n_out]) -> [T, n_out]
+    """x [T, n_in] times weight [n_out, n_in] (+ bias) -> [T, n_out], by matrix-vector products only."""
+    T, n_in = x.shape
+    n_out = weight.shape[0]
+    x = np.ascontiguousarray(x)
+    head = n_out - n_out % ALIGN  # outputs in ALIGN-multiple calls
+    y = np.empty((T, n_out), np.float32)
+    if head:
+        if T == 1:
+            y[0, :head] = weight[:head] @ x[0]  # one gemv over the whole matrix: [head, n_in] @ [n_in]
+        else:
+            y[:, :head] = _blocked(weight[:head], x)  # [T, head]
+    if head < n_out:  # the last n_out % ALIGN outputs, from a zero-padded ALIGN-row copy of their weights
+        tail = np.zeros((ALIGN, n_in), np.float32)
+        tail[:n_out - head] = weight[head:]
+        y[:, head:] = np.matmul(tail[None], x[:, :, None])[:, :n_out - head, 0]  # T x ([64, n_in] @ [n_in, 1])
     return y if bias is None else y + bias
 
 
-def exact_attention(q, k_buf, v_buf, start: int, record: bool = False):
+def exact_attention(q, segments: Segments, start: int, record: bool = False):
     n_head, T, head_dim = q.shape
     q = np.ascontiguousarray(q)
     out = np.empty_like(q)  # [H, T, hd]
     weights_all = np.zeros((n_head, T, start + T), np.float32) if record else None
     scale = np.float32(math.sqrt(head_dim))
-    first, last = start // KEY_BLOCK, (start + T - 1) // KEY_BLOCK
+    first, last = start // PAGE, (start + T - 1) // PAGE
     for block in range(first, last + 1):  # the queries sharing one padded key length
-        lo, hi = max(start, block * KEY_BLOCK), min(start + T, (block + 1) * KEY_BLOCK)
-        rows = slice(lo - start, hi - start)
-        L = (block + 1) * KEY_BLOCK  # L(t) for every query t in this block
-        k, v = k_buf[:, None, :L], v_buf[:, None, :L]  # [H, 1, L, hd], shared by the block's queries
-        scores = np.matmul(k, q[:, rows, :, None])[..., 0] / scale  # per query: [L, hd] @ [hd] -> [H, n, L]
-        weights = _softmax_rows(_causal_scores(scores, np.arange(lo, hi), L))  # [H, n, L]
-        out[:, rows] = np.matmul(weights[:, :, None, :], v)[:, :, 0]  # per query: [L] @ [L, hd] -> [H, n, hd]
+        lo, hi = max(start, block * PAGE), min(start + T, (block + 1) * PAGE)
+        rows, n = slice(lo - start, hi - start), hi - lo
+        L = (block + 1) * PAGE  # L(t) for every query t in this block
+        parts = _cut(segments, L)
+        qs = q[:, None, rows, :, None]  # [H, 1, n, hd, 1]
+        scores = np.concatenate([np.matmul(k[:, None], qs[:, 0])[..., 0] for k, _ in parts], axis=-1)
+        # per query and run: [m, hd] @ [hd] -> scores [H, n, L]
+        weights = _softmax_rows(_causal_scores(scores / scale, np.arange(lo, hi), L))  # [H, n, L]
+        paged_w = weights.reshape(n_head, n, L // PAGE, 1, PAGE)
+        partials, at = [], 0  # per query and page: [PAGE] @ [PAGE, hd] -> [hd]
+        for _, v in parts:
+            p = v.shape[1] // PAGE
+            pages_v = v.reshape(n_head, 1, p, PAGE, head_dim)  # [H, 1, p, PAGE, hd]
+            partials.append(np.matmul(paged_w[:, :, at:at + p], pages_v)[:, :, :, 0])  # [H, n, p, hd]
+            at += p
+        by_page = np.concatenate(partials, axis=2).transpose(0, 1, 3, 2).copy()  # [H, n, hd, L/PAGE]
+        out[:, rows] = by_page.sum(axis=-1)  # the pages' partial sums, added along one contiguous row
         if record:
             n_keys = min(L, start + T)
             weights_all[:, rows, :n_keys] = weights[..., :n_keys]  # keys past L are never computed: 0

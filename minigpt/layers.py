@@ -1,20 +1,36 @@
 """The layers of a GPT-2 block as pure functions over float32 arrays.
 
-Each takes the activations of T positions, [T, C], and the weights of one layer (minigpt.params).
+Each takes the activations of N positions, [N, C], and the weights of one layer (minigpt.params).
+The N rows may belong to several sequences (a batch): everything but attention treats each row
+on its own; attention keeps each sequence to its own keys and values (a `Span` per sequence).
 Order-sensitive products go through a `Kernels` set (minigpt.kernels), so that the same code runs
-with row-invariant or with plain BLAS arithmetic.
+with batch-invariant or with plain BLAS arithmetic.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from .kernels import Kernels
+from .kv_cache import KVCache
 from .params import MLP, Attention, Block, LayerNorm
 
 GELU_C = math.sqrt(2.0 / math.pi)  # a Python float: NEP 50 keeps float32 arrays float32
+
+
+@dataclass(frozen=True, eq=False)
+class Span:
+    """One sequence's part of a forward: its rows of the activations, the cache it continues, and
+    where its new keys and values go (computed once per forward, used by every layer)."""
+
+    rows: slice  # its rows in the [N, C] activations
+    cache: KVCache
+    start: int  # its first new position (= the cache's length before the forward)
+    slots: np.ndarray  # store slots of the new positions [T]
+    runs: list[tuple[int, int]]  # store slot ranges of positions 0 .. start+T-1, in whole pages
 
 
 def layer_norm(x: np.ndarray, p: LayerNorm, eps: float) -> np.ndarray:
@@ -40,30 +56,32 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
     return x.transpose(1, 0, 2).reshape(T, n_head * head_dim)  # [n_head, T, head_dim] -> [T, C]
 
 
-def attention(x, p: Attention, n_head: int, k_buf, v_buf, start: int, kernels: Kernels, record=False):
-    """Causal self-attention for positions start .. start+T-1.
+def attention(x, p: Attention, n_head: int, layer: int, spans: list[Span], kernels: Kernels, record=False):
+    """Causal self-attention for the new positions of every sequence in the batch.
 
-    Their keys and values are written into the buffers (a KV cache layer, [n_head, capacity,
-    head_dim]) at those positions; the queries then attend to every key from position 0 on.
-    Returns the output [T, C] and, with `record`, the attention weights [n_head, T, start+T].
+    Each sequence's keys and values are written into its cache at its new positions; its queries
+    then attend to its keys from position 0 on, and to nothing of the other sequences.
+    Returns the output [N, C] and, with `record`, each sequence's attention weights [n_head, T, start+T].
     """
-    T = x.shape[0]
-    qkv = kernels.linear(x, p.c_attn.weight, p.c_attn.bias)  # [T, C] -> [T, 3C]
-    q, k, v = (split_heads(a, n_head) for a in np.split(qkv, 3, axis=-1))  # 3 x [n_head, T, head_dim]
-    k_buf[:, start:start + T] = k
-    v_buf[:, start:start + T] = v
-    out, weights = kernels.attention(q, k_buf, v_buf, start, record)  # [n_head, T, head_dim]
-    return kernels.linear(merge_heads(out), p.c_proj.weight, p.c_proj.bias), weights  # [T, C]
+    qkv = kernels.linear(x, p.c_attn.weight, p.c_attn.bias)  # [N, C] -> [N, 3C]
+    q, k, v = (split_heads(a, n_head) for a in np.split(qkv, 3, axis=-1))  # 3 x [n_head, N, head_dim]
+    out, weights = np.empty_like(q), []
+    for s in spans:
+        store_k, store_v = s.cache.k[layer], s.cache.v[layer]  # [n_head, slots, head_dim]
+        store_k[:, s.slots], store_v[:, s.slots] = k[:, s.rows], v[:, s.rows]
+        out[:, s.rows], w = kernels.attention(q[:, s.rows], s.cache.segments(layer, s.runs), s.start, record)
+        weights.append(w)
+    return kernels.linear(merge_heads(out), p.c_proj.weight, p.c_proj.bias), weights  # [N, C]
 
 
 def mlp(x: np.ndarray, p: MLP, kernels: Kernels) -> np.ndarray:
-    h = gelu(kernels.linear(x, p.c_fc.weight, p.c_fc.bias))  # [T, C] -> [T, 4C]
-    return kernels.linear(h, p.c_proj.weight, p.c_proj.bias)  # [T, 4C] -> [T, C]
+    h = gelu(kernels.linear(x, p.c_fc.weight, p.c_fc.bias))  # [N, C] -> [N, 4C]
+    return kernels.linear(h, p.c_proj.weight, p.c_proj.bias)  # [N, 4C] -> [N, C]
 
 
-def block(x, p: Block, n_head: int, eps: float, k_buf, v_buf, start: int, kernels: Kernels, record=False):
-    """One transformer block, pre-LayerNorm with residual connections: [T, C] -> [T, C]."""
-    a, weights = attention(layer_norm(x, p.ln_1, eps), p.attn, n_head, k_buf, v_buf, start, kernels, record)
+def block(x, p: Block, n_head: int, eps: float, layer: int, spans: list[Span], kernels: Kernels, record=False):
+    """One transformer block, pre-LayerNorm with residual connections: [N, C] -> [N, C]."""
+    a, weights = attention(layer_norm(x, p.ln_1, eps), p.attn, n_head, layer, spans, kernels, record)
     x = x + a
     x = x + mlp(layer_norm(x, p.ln_2, eps), p.mlp, kernels)
     return x, weights

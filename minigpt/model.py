@@ -20,7 +20,7 @@ from .config import GPT2Config
 from .errors import ContextLengthError, InputError
 from .kernels import EXACT, Kernels
 from .kv_cache import KVCache, new_cache
-from .layers import block, layer_norm
+from .layers import Span, block, layer_norm
 from .params import GPT2Params
 
 if TYPE_CHECKING:  # the model never tokenizes; it only carries the loader
@@ -58,41 +58,73 @@ def check_ids(ids, vocab_size: int) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def check_room(config: GPT2Config, cache: KVCache, T: int) -> None:
+    """ContextLengthError unless T new positions fit after the cached ones."""
+    start = cache.length
+    if start + T > min(config.n_positions, cache.capacity):
+        limit = (f"the context of {config.n_positions} (n_positions)" if cache.capacity >= config.n_positions
+                 else f"the cache's capacity of {cache.capacity}")
+        raise ContextLengthError(f"{start} cached + {T} new positions exceed {limit}")
+
+
 def forward(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids, cache: KVCache | None = None,
             *, last_only: bool = False, trace: Trace | None = None) -> np.ndarray:
     """Logits for the positions of `ids`, continuing after the `cache.length` cached positions.
 
     ids: T token ids. Returns float32 [T, vocab_size], or [1, vocab_size] with `last_only`
     (the LM head, the largest matrix, is then applied to the last position only).
-    With a cache, the new positions' keys and values are appended to it.
+    With a cache, the new positions' keys and values are appended to it. One sequence is a batch
+    of one: this is `forward_batch`.
     """
-    ids = check_ids(ids, config.vocab_size)
-    T = len(ids)
-    if T == 0:
-        raise InputError("forward needs at least one token id")
-    cache = new_cache(config, T) if cache is None else cache
-    start = cache.length
-    if start + T > min(config.n_positions, cache.capacity):
-        limit = (f"the context of {config.n_positions} (n_positions)" if cache.capacity >= config.n_positions
-                 else f"the cache's capacity of {cache.capacity}")
-        raise ContextLengthError(f"{start} cached + {T} new positions exceed {limit}")
+    return forward_batch(params, config, kernels, [ids], [cache], last_only=last_only, trace=trace)[0]
+
+
+def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_list, caches,
+                  *, last_only: bool = False, trace: Trace | None = None) -> list[np.ndarray]:
+    """One forward over several sequences at once: each continues its own cache with its own ids.
+
+    Every sequence's rows go through the weight matrices together (one read of each weight for
+    all of them, docs/batching.md); each attends only to its own keys and values. Returns each
+    sequence's logits, as `forward` would (None for a cache: a throwaway cache sized to its ids).
+    """
+    if len(ids_list) != len(caches):
+        raise InputError(f"forward_batch got {len(ids_list)} id sequences and {len(caches)} caches")
+    if trace is not None and len(ids_list) != 1:
+        raise InputError("a trace records one sequence's forward")
+    ids_list = [check_ids(ids, config.vocab_size) for ids in ids_list]
+    caches = [new_cache(config, len(ids)) if cache is None else cache for ids, cache in zip(ids_list, caches)]
+    spans, row = [], 0
+    for ids, cache in zip(ids_list, caches):
+        T = len(ids)
+        if T == 0:
+            raise InputError("forward needs at least one token id")
+        check_room(config, cache, T)
+        start = cache.length
+        spans.append(Span(slice(row, row + T), cache, start, cache.slots(start, start + T), cache.runs(start + T)))
+        row += T
     record = trace is not None
 
-    x = params.wte[ids] + params.wpe[start:start + T]  # [T] -> [T, C]
+    x = np.concatenate([params.wte[ids] + params.wpe[s.start:s.start + len(ids)]
+                        for ids, s in zip(ids_list, spans)])  # [N] -> [N, C]
     if record:
         trace.hidden.append(x)
     for layer, p in enumerate(params.h):
-        x, weights = block(x, p, config.n_head, config.layer_norm_epsilon,
-                           cache.k[layer], cache.v[layer], start, kernels, record)  # [T, C] -> [T, C]
+        x, weights = block(x, p, config.n_head, config.layer_norm_epsilon, layer, spans, kernels, record)  # [N, C]
         if record:
             trace.hidden.append(x)
-            trace.attention.append(weights)
-    x = layer_norm(x, params.ln_f, config.layer_norm_epsilon)  # [T, C]
+            trace.attention.append(weights[0])
+    x = layer_norm(x, params.ln_f, config.layer_norm_epsilon)  # [N, C]
     if record:
         trace.hidden.append(x)
-    cache.length = start + T
-    rows = x[-1:] if last_only else x
-    return kernels.linear(rows, params.wte.T, None)  # tied LM head: [T, C] @ [C, vocab] -> [T, vocab]
+    for s in spans:
+        s.cache.length = s.rows.stop - s.rows.start + s.start
+    if last_only:
+        x = x[[s.rows.stop - 1 for s in spans]]  # [N, C] -> [B, C]: the last position of each sequence
+        sizes = [1] * len(spans)
+    else:
+        sizes = [s.rows.stop - s.rows.start for s in spans]
+    logits = kernels.linear(x, params.wte, None)  # tied LM head: [rows, C] @ [C, vocab] -> [rows, vocab]
+    return np.split(logits, np.cumsum(sizes)[:-1])
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,6 +148,9 @@ class Model:
     def forward(self, ids, cache: KVCache | None = None, *, last_only: bool = False,
                 trace: Trace | None = None) -> np.ndarray:
         return forward(self.params, self.config, self.kernels, ids, cache, last_only=last_only, trace=trace)
+
+    def forward_batch(self, ids_list, caches, *, last_only: bool = False) -> list[np.ndarray]:
+        return forward_batch(self.params, self.config, self.kernels, ids_list, caches, last_only=last_only)
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         return new_cache(self.config, capacity)

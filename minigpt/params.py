@@ -1,7 +1,10 @@
 """GPT-2's weights as small frozen dataclasses, named exactly as in Hugging Face checkpoints.
 
-`params.h[3].attn.c_attn.weight` is the tensor `h.3.attn.c_attn.weight`. Linear weights are
-stored as Hugging Face's Conv1D stores them, [in, out], so a layer is `x @ weight + bias`.
+`params.h[3].attn.c_attn.weight` is the tensor `h.3.attn.c_attn.weight`, with one difference:
+Hugging Face's Conv1D stores a linear layer's weight [n_in, n_out]; minigpt keeps it [n_out, n_in],
+as torch's nn.Linear does and as the tied LM head `wte` already is, so that each output's weights
+are one contiguous row, which is what the exact kernels' matrix-vector products read
+(minigpt.kernels). `params_from_tensors` transposes once, at load; a layer is x @ weight.T + bias.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from .config import GPT2Config
 
 @dataclass(frozen=True, eq=False)  # holds arrays: no elementwise ==
 class Linear:
-    weight: np.ndarray  # [n_in, n_out]
+    weight: np.ndarray  # [n_out, n_in], C-contiguous: the checkpoint's [n_in, n_out] transposed
     bias: np.ndarray  # [n_out]
 
 
@@ -28,14 +31,14 @@ class LayerNorm:
 
 @dataclass(frozen=True, eq=False)
 class Attention:
-    c_attn: Linear  # [n_embd, 3 * n_embd]: queries, keys and values of all heads at once
-    c_proj: Linear  # [n_embd, n_embd]
+    c_attn: Linear  # n_embd -> 3 * n_embd: queries, keys and values of all heads at once
+    c_proj: Linear  # n_embd -> n_embd
 
 
 @dataclass(frozen=True, eq=False)
 class MLP:
-    c_fc: Linear  # [n_embd, 4 * n_embd]
-    c_proj: Linear  # [4 * n_embd, n_embd]
+    c_fc: Linear  # n_embd -> 4 * n_embd
+    c_proj: Linear  # 4 * n_embd -> n_embd
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,7 +58,7 @@ class GPT2Params:
 
 
 def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
-    """Every tensor name of a GPT-2 checkpoint (without the `transformer.` prefix) and its shape."""
+    """Every tensor name of a GPT-2 checkpoint (without the `transformer.` prefix) and its shape there."""
     C, V, P = config.n_embd, config.vocab_size, config.n_positions
     shapes = {"wte.weight": (V, C), "wpe.weight": (P, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
     for i in range(config.n_layer):
@@ -71,9 +74,9 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
 
 
 def params_from_tensors(config: GPT2Config, t: dict[str, np.ndarray]) -> GPT2Params:
-    """Assemble the dataclasses from name -> float32 array (names as in `expected_shapes`)."""
+    """Assemble the dataclasses from name -> float32 array (names and shapes as in `expected_shapes`)."""
     def linear(prefix: str) -> Linear:
-        return Linear(t[f"{prefix}.weight"], t[f"{prefix}.bias"])
+        return Linear(np.ascontiguousarray(t[f"{prefix}.weight"].T), t[f"{prefix}.bias"])  # [in, out] -> [out, in]
 
     def norm(prefix: str) -> LayerNorm:
         return LayerNorm(t[f"{prefix}.weight"], t[f"{prefix}.bias"])
@@ -91,7 +94,7 @@ def params_from_tensors(config: GPT2Config, t: dict[str, np.ndarray]) -> GPT2Par
 
 
 def params_to_tensors(params: GPT2Params) -> dict[str, np.ndarray]:
-    """The inverse of `params_from_tensors`: checkpoint name -> array."""
+    """The inverse of `params_from_tensors`: checkpoint name -> array in the checkpoint's layout."""
     t = {"wte.weight": params.wte, "wpe.weight": params.wpe,
          "ln_f.weight": params.ln_f.weight, "ln_f.bias": params.ln_f.bias}
     for i, b in enumerate(params.h):
@@ -99,7 +102,7 @@ def params_to_tensors(params: GPT2Params) -> dict[str, np.ndarray]:
             ("ln_1", b.ln_1), ("attn.c_attn", b.attn.c_attn), ("attn.c_proj", b.attn.c_proj),
             ("ln_2", b.ln_2), ("mlp.c_fc", b.mlp.c_fc), ("mlp.c_proj", b.mlp.c_proj),
         ):
-            t[f"h.{i}.{name}.weight"] = value.weight
+            t[f"h.{i}.{name}.weight"] = value.weight if isinstance(value, LayerNorm) else value.weight.T
             t[f"h.{i}.{name}.bias"] = value.bias
     return t
 

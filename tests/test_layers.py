@@ -56,13 +56,15 @@ def test_split_and_merge_heads_are_inverse_and_group_columns_by_head(rng):
 
 
 @pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
-def test_linear_matches_float64_reference(kernels, rng):
-    x = rng.standard_normal((9, 64), dtype=np.float32)
-    w = rng.standard_normal((64, 40), dtype=np.float32)
-    b = rng.standard_normal(40, dtype=np.float32)
+@pytest.mark.parametrize("T", [1, 9])
+@pytest.mark.parametrize("n_out", [40, 64, 200, 1000])  # a tail only, whole ALIGN calls, both, several blocks
+def test_linear_matches_float64_reference(kernels, T, n_out, rng):
+    x = rng.standard_normal((T, 256), dtype=np.float32)
+    w = rng.standard_normal((n_out, 256), dtype=np.float32)  # [n_out, n_in]
+    b = rng.standard_normal(n_out, dtype=np.float32)
     y = kernels.linear(x, w, b)
-    assert y.dtype == np.float32 and y.shape == (9, 40)
-    assert rel_err(y, x.astype(np.float64) @ w + b) < 1e-6 * 64
+    assert y.dtype == np.float32 and y.shape == (T, n_out)
+    assert rel_err(y, x.astype(np.float64) @ w.T + b) < 1e-6 * 16
 
 
 def reference_attention(q, k, v):
@@ -86,7 +88,7 @@ def test_attention_matches_float64_reference(kernels, start, T, rng):
     k_buf[:, :L] = rng.standard_normal((H, L, hd), dtype=np.float32)
     v_buf[:, :L] = rng.standard_normal((H, L, hd), dtype=np.float32)
     q = rng.standard_normal((H, T, hd), dtype=np.float32)
-    out, weights = kernels.attention(q, k_buf, v_buf, start, True)
+    out, weights = kernels.attention(q, [(k_buf, v_buf)], start, True)
     ref_out, ref_w = reference_attention(q, k_buf[:, :L], v_buf[:, :L])
     assert out.dtype == np.float32 and weights.dtype == np.float32
     assert weights.shape == (H, T, L)
@@ -104,3 +106,21 @@ def test_layers_match_torch_where_installed(rng):
     assert rel_err(layer_norm(x, LayerNorm(g, b), 1e-5), ref_ln.double().numpy()) < RTOL
     ref_gelu = torch.nn.functional.gelu(torch.from_numpy(x), approximate="tanh")
     assert rel_err(gelu(x), ref_gelu.double().numpy()) < RTOL
+
+
+@pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
+def test_attention_over_pages_scattered_in_runs_equals_one_contiguous_run(kernels, rng):
+    """The same keys and values cut into runs of pages (a paged cache) give the same attention:
+    bit for bit with the exact kernels, within rounding with the fast ones."""
+    H, hd, start, T = 2, 8, 21, 27
+    k = rng.standard_normal((H, 64, hd), dtype=np.float32)
+    v = rng.standard_normal((H, 64, hd), dtype=np.float32)
+    q = rng.standard_normal((H, T, hd), dtype=np.float32)
+    whole, _ = kernels.attention(q, [(k, v)], start)
+    cuts = [0, 16, 48, 64]  # runs of 1, 2 and 1 pages, each its own array
+    runs = [(k[:, a:b].copy(), v[:, a:b].copy()) for a, b in zip(cuts, cuts[1:])]
+    paged, _ = kernels.attention(q, runs, start)
+    if kernels is EXACT:
+        np.testing.assert_array_equal(paged.view(np.uint32), whole.view(np.uint32))
+    else:
+        assert rel_err(paged, whole) < 1e-6

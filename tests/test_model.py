@@ -8,7 +8,7 @@ import pytest
 import minigpt
 from minigpt.config import GPT2Config
 from minigpt.errors import ContextLengthError, InputError
-from minigpt.kernels import FAST, KEY_BLOCK
+from minigpt.kernels import FAST, PAGE
 from minigpt.model import Model, Trace
 from minigpt.params import random_params
 
@@ -37,7 +37,7 @@ def test_last_only_computes_the_lm_head_for_the_last_row_only(model):
 def test_new_cache_is_preallocated_for_the_whole_context(model):
     cache = model.new_cache()
     assert cache.length == 0
-    assert cache.capacity >= CONFIG.n_positions and cache.capacity % KEY_BLOCK == 0
+    assert cache.capacity >= CONFIG.n_positions and cache.capacity % PAGE == 0
     assert cache.k.shape == (CONFIG.n_layer, CONFIG.n_head, cache.capacity, CONFIG.head_dim)
     assert cache.k.dtype == cache.v.dtype == np.float32
 

@@ -1,7 +1,7 @@
 """Hypothesis strategies for the property tests: small random GPT-2s, their weights, token ids.
 
 Configurations: 1-3 layers, 1-4 heads, head_dim 1-16, vocabularies of 2-64 tokens, n_positions
-up to 64 (so that sequences cross the exact attention kernel's KEY_BLOCK of 16). Weights come at
+up to 64 (so that sequences cross the exact attention kernel's PAGE of 16). Weights come at
 several scales: all zero (every tensor, LayerNorm gains included), Hugging Face's initialisation
 (std 0.02), 30x that (sharp attention), and 1000x (std 20: saturated softmax and GELU).
 """
@@ -46,7 +46,7 @@ def models(draw, kernels: Kernels = EXACT, scales=SCALES, min_positions: int = 1
 
 @st.composite
 def token_ids(draw, config: GPT2Config, min_size: int = 1, max_size: int | None = None) -> list[int]:
-    """Token ids; the length is drawn first, so that long sequences (past KEY_BLOCK) come often."""
+    """Token ids; the length is drawn first, so that long sequences (past PAGE) come often."""
     size = draw(st.integers(min_size, config.n_positions if max_size is None else max_size), label="length")
     return draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=size, max_size=size), label="ids")
 

@@ -23,9 +23,10 @@ def checking(kernels: Kernels, seen: list) -> Kernels:
         seen.extend((x.dtype, weight.dtype, y.dtype) + (() if bias is None else (bias.dtype,)))
         return y
 
-    def attention(q, k_buf, v_buf, start, record=False):
-        out, weights = kernels.attention(q, k_buf, v_buf, start, record)
-        seen.extend((q.dtype, k_buf.dtype, v_buf.dtype, out.dtype) + (() if weights is None else (weights.dtype,)))
+    def attention(q, segments, start, record=False):
+        out, weights = kernels.attention(q, segments, start, record)
+        seen.extend((q.dtype, *(a.dtype for kv in segments for a in kv), out.dtype)
+                    + (() if weights is None else (weights.dtype,)))
         return out, weights
 
     return Kernels(kernels.name, linear, attention)
