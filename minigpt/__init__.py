@@ -5,20 +5,23 @@
     ids = minigpt.encode(model.tokenizer, "The dog")
     result = minigpt.generate(model, ids, max_new_tokens=20)
     print(model.tokenizer.decode(result.tokens))
+    results = minigpt.generate_batch(model, [ids, ids[:1]], max_new_tokens=20)   # together, each as if alone
 
-The modules, bottom to top, are the chapters: errors, kernels, config, params, layers, kv_cache,
-tokenizer, safetensors_format, checkpoint, model, loading, sampling, generate, causal_proof,
-cost, staircase, cli.
+The modules, bottom to top, are the chapters: errors, kernels, config, params, kv_cache, layers,
+paging, tokenizer, safetensors_format, checkpoint, model, loading, sampling, sequence, speculative,
+generate, batching, causal_proof, cost, staircase, cli.
 """
 
 from . import errors
+from .batching import generate_batch
 from .config import GPT2Config
 from .errors import MinigptError
-from .generate import GenerationResult, generate, stream
+from .generate import generate, stream
 from .kv_cache import KVCache, new_cache
 from .loading import load
 from .model import Model, Trace, forward
+from .sequence import GenerationResult, StreamedToken
 from .tokenizer import encode, gpt2_tokenizer
 
-__all__ = ["GPT2Config", "GenerationResult", "KVCache", "MinigptError", "Model", "Trace", "encode",
-           "errors", "forward", "generate", "gpt2_tokenizer", "load", "new_cache", "stream"]
+__all__ = ["GPT2Config", "GenerationResult", "KVCache", "MinigptError", "Model", "StreamedToken", "Trace", "encode",
+           "errors", "forward", "generate", "generate_batch", "gpt2_tokenizer", "load", "new_cache", "stream"]

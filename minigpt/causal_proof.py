@@ -15,7 +15,8 @@ import numpy as np
 
 from .config import GPT2Config
 from .errors import check_int
-from .generate import prepare_prompt, steps
+from .generate import steps
+from .sequence import Sequence, make_request, prepare_prompt
 from .kernels import FAST
 from .kv_cache import KVCache
 from .layers import merge_heads
@@ -89,9 +90,10 @@ def snapshot(config: GPT2Config, trace: Trace, cache: KVCache) -> dict[tuple[str
     start = cache.length - T
     names = layer_names(config)
     snap = {(names[0], "hidden"): trace.hidden[0]}
+    keys, values = cache.read(start, cache.length)  # [n_layer, H, T, hd]
     for i, hidden in enumerate(trace.hidden[1:-1]):
-        snap[(names[i + 1], "K")] = merge_heads(cache.k[i, :, start:cache.length])  # [H, T, hd] -> [T, C]
-        snap[(names[i + 1], "V")] = merge_heads(cache.v[i, :, start:cache.length])
+        snap[(names[i + 1], "K")] = merge_heads(keys[i])  # [H, T, hd] -> [T, C]
+        snap[(names[i + 1], "V")] = merge_heads(values[i])
         snap[(names[i + 1], "hidden")] = hidden
     snap[(names[-1], "hidden")] = trace.hidden[-1]
     return snap
@@ -151,9 +153,11 @@ class Checked:
 def check_loops(model: Model, prompt: list[int], n_steps: int) -> Checked:
     """Checks 1, 2 and 4: run the naive and the cached loop side by side, step by step."""
     config = model.config
-    options = dict(stop_at_eos=False, record=True)
-    naive_loop = steps(model, prompt, n_steps, use_cache=False, **options)
-    cached_loop = steps(model, prompt, n_steps, use_cache=True, **options)
+    def loop(use_cache: bool):
+        return steps(model, Sequence(make_request(model, prompt, n_steps, stop_at_eos=False)), use_cache=use_cache,
+                     record=True)
+
+    naive_loop, cached_loop = loop(False), loop(True)
     comparisons, tokens, tokens_equal, naive_work, previous = [], [], True, 0, None
     for step, (naive, cached) in enumerate(zip(naive_loop, cached_loop)):
         L = naive.cache.length  # this step's sequence length; its throwaway cache holds all of it

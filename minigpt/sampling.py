@@ -1,4 +1,5 @@
-"""Choosing the next token from logits: greedy, temperature, top-k and top-p, as Hugging Face does."""
+"""Choosing the next token from logits (greedy, temperature, top-k and top-p, as Hugging Face does),
+and the log-probabilities of the model's raw distribution that scripts ask for."""
 
 from __future__ import annotations
 
@@ -59,3 +60,28 @@ def next_token(logits: np.ndarray, options: SamplingOptions, rng: np.random.Gene
         return int(np.argmax(logits))
     probs = np.exp(filtered_log_probs(logits, options))
     return int(rng.choice(probs.size, p=probs / probs.sum()))
+
+
+def log_normalizer(logits: np.ndarray) -> float:
+    """log(sum(exp(logits))) of one row of float32 logits [vocab], computed stably (the maximum
+    taken out first, the exponentials summed in float64)."""
+    top = logits.max()
+    return float(top) + float(np.log(np.exp(logits - top).sum(dtype=np.float64)))
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float64 log-probabilities [vocab] of the model's raw distribution (no temperature, top-k or
+    top-p): the numbers `generate` reports and `score` computes, both by this function."""
+    return logits.astype(np.float64) - log_normalizer(logits)
+
+
+def top_log_probs(log_probs: np.ndarray, n: int) -> list[tuple[int, float]]:
+    """The n most likely token ids with their log-probabilities, most likely first (ties: lower id first)."""
+    if n <= 0:
+        return []
+    n = min(n, log_probs.size)
+    kth = -np.partition(-log_probs, n - 1)[n - 1]  # the n-th largest value
+    above, equal = np.flatnonzero(log_probs > kth), np.flatnonzero(log_probs == kth)
+    chosen = np.concatenate([above, equal[:n - above.size]])  # flatnonzero is ascending: lower ids win ties
+    order = chosen[np.lexsort((chosen, -log_probs[chosen]))]
+    return [(int(i), float(log_probs[i])) for i in order]

@@ -18,7 +18,8 @@ import numpy as np
 
 from .cost import Cost, estimate, gpt2_architecture
 from .errors import MinigptError
-from .generate import generate, prepare_prompt
+from .generate import generate
+from .sequence import prepare_prompt
 from .model import Model
 
 OnStep = Callable[[str, int, float], None]  # (mode, tokens so far, that token's seconds)

@@ -8,6 +8,7 @@ import pytest
 import minigpt
 from minigpt.config import GPT2Config
 from minigpt.generate import steps
+from minigpt.sequence import Sequence, make_request
 from minigpt.model import Model
 from minigpt.params import random_params
 
@@ -36,8 +37,11 @@ def test_result_reports_prompt_tokens_and_one_time_per_token(model):
 
 
 def test_stream_yields_what_generate_returns(model):
-    tokens = list(minigpt.stream(model, [9, 8, 7], 12, temperature=0.8, seed=2, stop_at_eos=False))
-    assert tokens == minigpt.generate(model, [9, 8, 7], 12, temperature=0.8, seed=2, stop_at_eos=False).tokens
+    streamed = list(minigpt.stream(model, [9, 8, 7], 12, temperature=0.8, seed=2, stop_at_eos=False, top_logprobs=3))
+    result = minigpt.generate(model, [9, 8, 7], 12, temperature=0.8, seed=2, stop_at_eos=False, top_logprobs=3)
+    assert [s.token for s in streamed] == result.tokens
+    assert [s.logprob for s in streamed] == result.logprobs
+    assert [s.top_logprobs for s in streamed] == result.top_logprobs
 
 
 def test_generation_stops_after_end_of_text_unless_told_not_to(model):
@@ -58,8 +62,8 @@ def test_different_seeds_sample_differently_and_the_same_seed_repeats(model):
 
 
 def test_the_naive_loop_feeds_the_whole_sequence_and_the_cached_loop_one_token(model):
-    naive = [s.cache.length for s in steps(model, [1, 2, 3], 4, use_cache=False, stop_at_eos=False)]
-    cached_steps = steps(model, [1, 2, 3], 4, use_cache=True, stop_at_eos=False)
+    naive = [s.cache.length for s in steps(model, sequence(model, [1, 2, 3], 4), use_cache=False)]
+    cached_steps = steps(model, sequence(model, [1, 2, 3], 4), use_cache=True)
     cached = [s.cache.length for s in cached_steps]
     assert naive == [3, 4, 5, 6]  # each step's throwaway cache holds the whole sequence
     assert cached == [3, 4, 5, 6]  # one cache, growing by one position per step
@@ -75,6 +79,11 @@ def test_zero_new_tokens_is_an_empty_result(model):
 
 
 def test_logits_of_every_step_are_bitwise_equal_between_the_loops(model):
-    naive = [s.logits for s in steps(model, [5, 6], 10, use_cache=False, stop_at_eos=False)]
-    cached = [s.logits for s in steps(model, [5, 6], 10, use_cache=True, stop_at_eos=False)]
+    naive = [s.logits for s in steps(model, sequence(model, [5, 6], 10), use_cache=False)]
+    cached = [s.logits for s in steps(model, sequence(model, [5, 6], 10), use_cache=True)]
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(naive, cached))
+
+
+def sequence(model, prompt, n):
+    """A checked request that never stops at <|endoftext|>, ready for `steps`."""
+    return Sequence(make_request(model, prompt, n, stop_at_eos=False))

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(args.prompt)
     sys.stdout.flush()
     for token in tokens:
-        sys.stdout.write(text.decode(tokenizer.decode_single_token_bytes(token)))
+        sys.stdout.write(text.decode(tokenizer.decode_single_token_bytes(token.token)))
         sys.stdout.flush()
     sys.stdout.write(text.decode(b"", final=True) + "\n")
     return 0

@@ -1,0 +1,241 @@
+"""One request being generated: its checked options, its random generator, the tokens it has
+produced with their log-probabilities, and the rules that end it.
+
+Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.generate), speculative
+decoding (minigpt.speculative) and batched generation (minigpt.batching). So they choose, record
+and stop alike, and a sequence's result does not depend on which loop produced it.
+
+A sequence ends at the first of: its end-of-text token (`stop_at_eos`), `max_new_tokens` tokens,
+or a stop string in its new text. Stop strings are matched on the UTF-8 bytes of the new tokens, so
+across token boundaries. The result then ends with the last whole token before the stop string
+that also ends a character: a token that straddles the boundary (part of its text before the stop
+string, part inside it) is dropped with its text, so that `tokens`, `logprobs` and the text always
+agree (docs/sampling.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .errors import ContextLengthError, InputError, check_int
+from .model import Model, check_ids
+from .sampling import SamplingOptions, log_normalizer, log_softmax, next_token, top_log_probs
+
+FINISH_REASONS = ("eos", "length", "stop")
+
+
+@dataclass(frozen=True)
+class Request:
+    """A generation request, checked: the prompt as fed and every option."""
+
+    prompt: tuple[int, ...]  # as fed to the model (an empty prompt becomes (<|endoftext|>,))
+    max_new_tokens: int
+    sampling: SamplingOptions
+    eos_token_id: int | None  # the token that ends the sequence; None: none does (stop_at_eos=False)
+    stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
+
+    @property
+    def max_positions(self) -> int:
+        """Positions its cache must hold at most: the prompt and every new token but the last (never fed)."""
+        return len(self.prompt) + max(self.max_new_tokens, 1) - 1
+
+
+def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_prompt: bool = False) -> list[int]:
+    """Check a prompt before any work: ids, lengths, and that it fits in n_positions.
+
+    An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do. With
+    `truncate_prompt`, a prompt too long to leave room for the new tokens keeps its last tokens.
+    """
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 0)
+    config = model.config
+    ids = check_ids(prompt_ids, config.vocab_size).tolist()
+    if not ids:
+        if config.eos_token_id is None:
+            raise InputError("the prompt is empty and this model's vocabulary has no <|endoftext|> to start from")
+        ids = [config.eos_token_id]
+    room = config.n_positions - max_new_tokens
+    if len(ids) > room:
+        if not truncate_prompt or room < 1:
+            raise ContextLengthError(
+                f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the context of "
+                f"{config.n_positions} (n_positions); shorten them"
+                + (" or keep only the prompt's last tokens (truncate_prompt=True; generate --truncate-prompt)"
+                   if room >= 1 else "")
+            )
+        ids = ids[-room:]
+    return ids
+
+
+def check_stop(model: Model, stop) -> tuple[str, ...]:
+    """Stop strings as a tuple of non-empty strings; they need the model's tokenizer to be matched."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+        raise InputError(f"stop must be a list of strings, got {stop!r}")
+    for s in stop:
+        if not s:
+            raise InputError("a stop string must not be empty")
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"stop string {s!r} is not valid Unicode text") from None
+    if stop and model.tokenizer_loader is None:
+        raise InputError(f"stop strings need the model's tokenizer, and this model's vocabulary "
+                         f"({model.config.vocab_size} tokens) is not GPT-2's")
+    return tuple(stop)
+
+
+def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, *, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
+                 truncate_prompt: bool = False) -> Request:
+    """Check everything about a request before any work is done."""
+    sampling = SamplingOptions(temperature, top_k, top_p, seed)
+    prompt = prepare_prompt(model, prompt_ids, max_new_tokens, truncate_prompt)
+    top_logprobs = check_int(top_logprobs, "top_logprobs", 0)
+    eos = model.config.eos_token_id if stop_at_eos else None
+    return Request(tuple(prompt), int(max_new_tokens), sampling, eos, check_stop(model, stop), top_logprobs)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    prompt_ids: list[int]  # as fed to the model (an empty prompt becomes [<|endoftext|>])
+    tokens: list[int]  # the new token ids (with the end-of-text token when that ended it)
+    step_seconds: list[float]  # wall time of the step that produced each token (the first includes the prefill)
+    logprobs: list[float]  # log P(token | everything before it) under the model's raw distribution
+    top_logprobs: list[list[tuple[int, float]]] | None  # per token, the N most likely (id, logprob); None: not asked
+    finish_reason: str  # "eos", "length" or "stop"
+    use_cache: bool = True
+    preemptions: int = 0  # times a batch scheduler took its cache away (minigpt.batching)
+    drafted: int = 0  # tokens proposed by a speculative drafter (minigpt.speculative)
+    accepted: int = 0  # of those, how many the model accepted
+
+
+@dataclass(frozen=True)
+class StreamedToken:
+    """One token as `stream` yields it."""
+
+    token: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]] | None
+
+
+def incomplete_tail(data: bytes | bytearray) -> int:
+    """How many bytes at the end of `data` begin a UTF-8 character that is not complete yet (0 to 3)."""
+    for i in range(1, min(3, len(data)) + 1):
+        b = data[-i]
+        if b & 0xC0 == 0x80:  # a continuation byte: the character began further back
+            continue
+        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
+        return i if need > i else 0
+    return 0
+
+
+@dataclass(eq=False)
+class Sequence:
+    """The state of one request being generated. Mutable: the loops append to it."""
+
+    request: Request
+    token_bytes: Callable[[int], bytes] | None = None  # needed to match stop strings
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    released: int = 0  # tokens that can no longer be cut by a stop string (what `stream` may show)
+    preemptions: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.request.sampling.seed)
+        self._text = bytearray()  # the new tokens' bytes, for stop strings
+        self._ends: list[int] = []  # where each token's bytes end in _text
+        self._stops = [s.encode() for s in self.request.stop]
+        if self.request.max_new_tokens == 0:
+            self.finish_reason = "length"
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def ids(self) -> list[int]:
+        """The whole sequence so far: prompt and new tokens."""
+        return [*self.request.prompt, *self.tokens]
+
+    def choose(self, logits: np.ndarray) -> int:
+        """The next token from one row of logits [vocab], with this sequence's options and generator."""
+        return next_token(logits, self.request.sampling, self.rng)
+
+    def append(self, token: int, logits: np.ndarray, seconds: float) -> None:
+        """Record a new token, chosen from `logits` (its row [vocab]), and end the sequence if it must."""
+        if self.done:
+            raise RuntimeError("append to a finished sequence")
+        normalizer = log_normalizer(logits)
+        self.tokens.append(token)
+        self.logprobs.append(float(logits[token]) - normalizer)  # = log_softmax(logits)[token], cheaply
+        if self.request.top_logprobs:
+            self.top_logprobs.append(top_log_probs(log_softmax(logits), self.request.top_logprobs))
+        self.seconds.append(seconds)
+        if token == self.request.eos_token_id:
+            self._finish("eos")
+        elif self._stops and self._match(token):
+            self._finish("stop")
+        elif len(self.tokens) == self.request.max_new_tokens:
+            self._finish("length")
+        elif not self._stops:
+            self.released = len(self.tokens)
+
+    def _match(self, token: int) -> bool:
+        """Add the token's bytes; on a stop string, cut the sequence back before it and say so."""
+        before = len(self._text)
+        self._text += self.token_bytes(token)
+        self._ends.append(len(self._text))
+        longest = max(map(len, self._stops))
+        window = max(0, before - longest + 1)  # a new match must end in the new bytes
+        found = [i for i in (self._text.find(s, window) for s in self._stops) if i >= 0]
+        if found:
+            at = min(found)
+            keep = sum(1 for end in self._ends if end <= at)
+            while keep and incomplete_tail(self._text[:self._ends[keep - 1]]):  # never end inside a character
+                keep -= 1
+            self._cut(keep)
+            return True
+        hold = next((i for i in range(max(0, len(self._text) - longest + 1), len(self._text))
+                     if any(s.startswith(self._text[i:]) for s in self._stops)), len(self._text))
+        safe = min(hold, len(self._text) - incomplete_tail(self._text))
+        self.released = sum(1 for end in self._ends if end <= safe)
+        return False
+
+    def _cut(self, keep: int) -> None:
+        del self.tokens[keep:], self.logprobs[keep:], self.seconds[keep:], self._ends[keep:]
+        del self.top_logprobs[keep:]
+        del self._text[self._ends[-1] if self._ends else 0:]
+
+    def _finish(self, reason: str) -> None:
+        self.finish_reason = reason
+        self.released = len(self.tokens)
+
+    def result(self, use_cache: bool = True) -> GenerationResult:
+        return GenerationResult(
+            list(self.request.prompt), list(self.tokens), list(self.seconds), list(self.logprobs),
+            [list(t) for t in self.top_logprobs] if self.request.top_logprobs else None,
+            self.finish_reason or "length", use_cache, self.preemptions, self.drafted, self.accepted)
+
+    def streamed(self, start: int) -> list[StreamedToken]:
+        """Records of the released tokens from index `start` on."""
+        top = self.top_logprobs if self.request.top_logprobs else None
+        return [StreamedToken(self.tokens[i], self.logprobs[i], None if top is None else top[i])
+                for i in range(start, self.released)]
+
+
+def generated_text(tokenizer, result: GenerationResult) -> str:
+    """The new text: the tokens decoded (bytes that are not UTF-8 replaced), without the
+    <|endoftext|> that ended the sequence."""
+    tokens = result.tokens[:-1] if result.finish_reason == "eos" else result.tokens
+    return tokenizer.decode_bytes(tokens).decode("utf-8", errors="replace")

@@ -1,0 +1,202 @@
+"""Speculative decoding: guess several tokens cheaply, check them all in one forward of the model.
+
+When memory bandwidth is the limit, a forward over k + 1 rows costs little more than over one
+(the weights are read once either way), so a step that checks k guessed tokens can produce up to
+k + 1 tokens for about the price of one (docs/speculative.md). A *drafter* guesses:
+
+- `NGramDrafter` (prompt lookup): find the context's last n tokens earlier in the context and
+  propose what followed them there (Hugging Face's prompt_lookup_num_tokens, vLLM's ngram
+  speculator, llama.cpp's lookup). Free, and right whenever the text repeats itself.
+- `ModelDrafter`: a smaller model with the same vocabulary (distilgpt2 drafting for gpt2-xl),
+  with its own KV cache, rolled back with the model's.
+
+The model checks the drafts in one forward over [last token, d1 .. dk]. Row i of its logits is
+the next-token distribution after d1 .. di; with the exact kernels it is bitwise the row plain
+decoding computes there (each row's arithmetic is independent of the others, minigpt.kernels).
+
+- Greedy: accept drafts while they equal the model's argmax, then take the model's own token.
+  The tokens are those of plain greedy decoding, bit for bit.
+- Sampling: the rule of Leviathan et al. 2023 and Chen et al. 2023. Accept draft x with
+  probability min(1, p(x) / q(x)); on a rejection draw from max(p - q, 0), normalised. p and q
+  are the model's and the drafter's distributions after the same temperature, top-k and top-p;
+  a drafter without probabilities (prompt lookup) has q = one-hot. Every token is then
+  distributed exactly as the model's own sample would be.
+
+The model's cache is cut back past the rejected drafts (KVCache.truncate zeroes their slots), and
+k adapts: it grows while all drafts are accepted, shrinks on a rejection down to 0 (plain steps),
+and after a run of plain steps a single draft is tried again, twice as long a run after each
+failed try, so that a drafter that is always wrong costs almost nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator, Protocol
+
+import numpy as np
+
+from .errors import ContextLengthError, InputError, check_int
+from .kv_cache import KVCache
+from .model import Model
+from .sampling import SamplingOptions, filtered_log_probs
+from .sequence import Sequence
+
+MAX_NGRAM = 3  # prompt lookup tries the last 3, then 2, then 1 tokens
+MAX_WAIT = 64  # plain steps at most between two single-draft tries
+
+
+class Drafter(Protocol):
+    """What the loop needs from a drafter."""
+
+    def propose(self, ids: list[int], k: int, options: SamplingOptions,
+                rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
+        """Up to k guessed tokens after `ids`, and q [n, vocab], the probability of each guess's
+        position under the drafter (None: certain guesses, q one-hot)."""
+        ...
+
+    def accepted(self, n_positions: int) -> None:
+        """The sequence now holds its first n_positions tokens for good: forget any guess past them."""
+        ...
+
+
+class NGramDrafter:
+    """Prompt lookup: propose the tokens that followed the latest earlier occurrence of the
+    context's last n tokens (n = MAX_NGRAM down to 1)."""
+
+    def propose(self, ids, k, options, rng):
+        arr = np.asarray(ids)
+        for n in range(min(MAX_NGRAM, len(arr) - 1), 0, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)  # every earlier n-gram
+            hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+            if hits.size:
+                start = hits[-1] + n  # what followed the latest occurrence
+                return arr[start:start + k].tolist(), None
+        return [], None
+
+    def accepted(self, n_positions):
+        pass
+
+
+class ModelDrafter:
+    """A smaller model that guesses with its own KV cache, one token at a time."""
+
+    def __init__(self, draft: Model, capacity: int):
+        self.draft = draft
+        self.cache = draft.new_cache(capacity)
+
+    def propose(self, ids, k, options, rng):
+        tokens, q = [], []
+        for _ in range(k):
+            logits = self.draft.forward([*ids, *tokens][self.cache.length:], self.cache, last_only=True)[0]
+            if options.temperature == 0:
+                tokens.append(int(np.argmax(logits)))
+            else:
+                probs = np.exp(filtered_log_probs(logits, options))
+                tokens.append(int(rng.choice(probs.size, p=probs / probs.sum())))
+                q.append(probs)
+        return tokens, (np.stack(q) if q else None)
+
+    def accepted(self, n_positions):
+        self.cache.truncate(min(self.cache.length, n_positions))
+
+
+def check_speculation(model: Model, speculate, draft_tokens: int, max_positions: int) -> Drafter:
+    """The drafter `speculate` names ("ngram", a draft Model, or any object with the Drafter
+    methods), checked against the model and the request."""
+    check_int(draft_tokens, "draft_tokens", 1)
+    if isinstance(speculate, str):
+        if speculate != "ngram":
+            raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {speculate!r}")
+        return NGramDrafter()
+    if not isinstance(speculate, Model):
+        if callable(getattr(speculate, "propose", None)) and callable(getattr(speculate, "accepted", None)):
+            return speculate
+        raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {type(speculate).__name__}")
+    if speculate.config.vocab_size != model.config.vocab_size:
+        raise InputError(f"the draft model's vocabulary has {speculate.config.vocab_size} tokens and the "
+                         f"model's {model.config.vocab_size}: a draft must share the model's vocabulary")
+    if max_positions > speculate.config.n_positions:
+        raise ContextLengthError(f"this request needs {max_positions} positions and the draft model's context "
+                                 f"holds {speculate.config.n_positions} (n_positions)")
+    return ModelDrafter(speculate, max_positions)
+
+
+def verify_greedy(logits: np.ndarray, drafts: list[int]) -> list[int]:
+    """Greedy verification: the model's tokens for rows 0 .. n of logits [k+1, vocab] while they
+    confirm the drafts; the last one is the model's own (a correction or the bonus token)."""
+    out = []
+    for row, draft in zip(logits, [*drafts, None]):
+        out.append(int(np.argmax(row)))
+        if out[-1] != draft:
+            break
+    return out
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Where a rejected draft's replacement is drawn from: max(p - q, 0), normalised (p itself when
+    p equals q up to rounding and nothing is left)."""
+    r = np.maximum(p - q, 0.0)
+    return r / r.sum() if r.sum() > 0 else p / p.sum()
+
+
+def verify_sampled(p: np.ndarray, q: np.ndarray | None, drafts: list[int], rng: np.random.Generator) -> list[int]:
+    """Speculative sampling over p [k+1, vocab] (the model's filtered distributions) and q [k, vocab]
+    (the drafter's; None: one-hot at the drafts): the accepted drafts, then one token drawn from
+    the residual at the first rejection, or from p after the last draft."""
+    out = []
+    for i, draft in enumerate(drafts):
+        q_i = np.eye(1, p.shape[1], draft)[0] if q is None else q[i]
+        if rng.random() * q_i[draft] < p[i, draft]:  # probability min(1, p/q) without dividing
+            out.append(draft)
+            continue
+        r = residual(p[i], q_i)
+        out.append(int(rng.choice(r.size, p=r)))
+        return out
+    out.append(int(rng.choice(p.shape[1], p=p[-1] / p[-1].sum())))
+    return out
+
+
+def speculative_steps(model: Model, seq: Sequence, drafter: Drafter, draft_tokens: int) -> Iterator[None]:
+    """The cached loop with drafts: each step proposes up to k tokens, checks them in one forward
+    and appends the tokens it keeps to `seq`. Yields after every step."""
+    request, options = seq.request, seq.request.sampling
+    cache: KVCache = model.new_cache(request.max_positions)
+    k, wait, idle = draft_tokens, 1, 0
+    while not seq.done:
+        clock = time.perf_counter()
+        ids = seq.ids
+        room = request.max_new_tokens - len(seq.tokens) - 1  # drafts that can still become tokens
+        drafts, q = drafter.propose(ids, min(k, room), options, seq.rng) if k and room > 0 else ([], None)
+        if cache.length < len(ids) - 1:  # the prompt, once; its logits are not needed
+            model.forward(ids[cache.length:-1], cache, last_only=True)
+        logits = model.forward([ids[-1], *drafts], cache)  # [n+1, vocab]: after ids, after d1, ..., after dn
+        if options.temperature == 0:
+            chosen = verify_greedy(logits, drafts)
+        else:
+            p = np.exp(np.stack([filtered_log_probs(row, options) for row in logits]))
+            chosen = verify_sampled(p, q, drafts, seq.rng)
+        seconds = time.perf_counter() - clock
+        appended = 0
+        for token, row in zip(chosen, logits):
+            seq.append(token, row, seconds)
+            appended += 1
+            if seq.done:
+                break
+        n_accepted = min(len(chosen) - 1, appended)
+        cache.truncate(len(ids) + n_accepted)  # keep the accepted drafts' keys, drop the rejected ones
+        drafter.accepted(len(ids) + n_accepted)
+        seq.drafted += len(drafts)
+        seq.accepted += n_accepted
+        if drafts:  # adapt k: +2 after a full acceptance, -1 after a rejection (0: plain steps)
+            if n_accepted == len(drafts):
+                k, wait = min(draft_tokens, k + 2), 1
+            else:
+                k -= 1
+                if k == 0 and len(drafts) == 1:
+                    wait = min(2 * wait, MAX_WAIT)  # a failed single-draft try: wait longer before the next
+            idle = 0
+        elif k == 0:
+            idle += 1
+            if idle >= wait:
+                k = 1  # try one draft again
+        yield

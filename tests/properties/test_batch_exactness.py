@@ -1,0 +1,68 @@
+"""Batching is exact: a sequence's tokens and logits are bitwise the same whether it is generated
+alone or in a batch, whatever the batch holds, its size, the order of arrival, the page pool's
+size (down to the smallest that fits the largest request) and the preemptions that forces."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+from strategies import models, token_ids
+
+from minigpt.batching import generate_batch, make_requests, new_pool, run
+from minigpt.generate import generate
+from minigpt.kernels import PAGE
+from minigpt.kv_cache import pages_for
+
+sampling = st.one_of(
+    st.just({"temperature": 0.0, "seed": None, "top_k": None, "top_p": None}),  # greedy
+    st.fixed_dictionaries({"temperature": st.floats(0.05, 3.0), "seed": st.integers(0, 2**32 - 1),
+                           "top_k": st.none() | st.integers(1, 64), "top_p": st.none() | st.floats(0.05, 1.0)}),
+)
+
+
+@st.composite
+def batches(draw):
+    """A random model and 1-6 requests of random lengths and options, with max_batch_size and a pool
+    size from the smallest that fits the largest request to ample."""
+    model = draw(models(min_positions=2))
+    n = draw(st.integers(1, 6), label="prompts")
+    prompts, lengths, options = [], [], []
+    for _ in range(n):
+        ids = draw(token_ids(model.config, max_size=model.config.n_positions - 1))
+        prompts.append(ids)
+        lengths.append(draw(st.integers(0, model.config.n_positions - len(ids)), label="max_new_tokens"))
+        options.append(draw(sampling, label="sampling"))
+    largest = max(pages_for(len(p) + max(m, 1) - 1) for p, m in zip(prompts, lengths))
+    pool_pages = draw(st.integers(largest, largest * n + 1), label="pool pages")
+    return model, prompts, lengths, options, draw(st.integers(1, n + 1), label="max_batch_size"), pool_pages * PAGE
+
+
+def per_prompt(options: list[dict]) -> dict:
+    return {key: [o[key] for o in options] for key in options[0]}
+
+
+@given(batches(), st.booleans())
+def test_batch_equivalence_each_prompt_gets_bitwise_its_tokens_and_logprobs_alone(batch, stop_at_eos):
+    """generate_batch(model, prompts, ...)[i] has exactly the tokens and log-probabilities (hence
+    logits) of generate(model, prompts[i], ...) with prompt i's options, greedy or seeded sampling,
+    for any max_batch_size and pool size, preempted or not."""
+    model, prompts, lengths, options, max_batch_size, kv_cache_tokens = batch
+    results = generate_batch(model, prompts, lengths, stop_at_eos=stop_at_eos, max_batch_size=max_batch_size,
+                             kv_cache_tokens=kv_cache_tokens, **per_prompt(options))
+    for prompt, n, opts, result in zip(prompts, lengths, options, results):
+        alone = generate(model, prompt, n, stop_at_eos=stop_at_eos, **opts)
+        assert result.tokens == alone.tokens
+        assert result.logprobs == alone.logprobs  # floats compared exactly
+        assert result.finish_reason == alone.finish_reason
+
+
+@given(batches())
+def test_pages_every_page_is_back_in_the_pool_and_the_peak_fits(batch):
+    """After a batch, every page of the pool is free again, and no more were ever in use than it has."""
+    model, prompts, lengths, options, max_batch_size, kv_cache_tokens = batch
+    options = dict(per_prompt(options), max_new_tokens=lengths, stop=None, stop_at_eos=True, top_logprobs=0)
+    requests = make_requests(model, prompts, options)
+    pool = new_pool(model, requests, max_batch_size, kv_cache_tokens)
+    finished = sorted(i for i, _ in run(model, requests, pool, max_batch_size))
+    assert finished == list(range(len(prompts)))
+    assert pool.in_use == 0 and pool.peak_in_use <= pool.n_pages

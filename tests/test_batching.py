@@ -1,0 +1,103 @@
+"""generate_batch and its scheduler: options per prompt, checks before any work, preemption, and
+pages that always come back to the pool."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import minigpt
+from minigpt.batching import generate_batch, make_requests, new_pool, run
+from minigpt.errors import ContextLengthError, InputError
+from minigpt.kernels import PAGE
+
+
+@pytest.fixture(scope="module")
+def model():
+    return minigpt.load("random-tiny")  # n_positions 256, GPT-2's vocabulary
+
+
+def requests_and_pool(model, prompts, n, kv_cache_tokens, max_batch_size=3):
+    options = dict(max_new_tokens=n, temperature=0.0, top_k=None, top_p=None, seed=None, stop=None,
+                   stop_at_eos=False, top_logprobs=0)
+    requests = make_requests(model, prompts, options)
+    return requests, new_pool(model, requests, max_batch_size, kv_cache_tokens)
+
+
+def test_a_tight_pool_preempts_and_every_sequence_still_gets_its_tokens_alone(model):
+    prompts = [list(range(i, i + 40)) for i in (0, 100, 200)]
+    smallest = 112  # 40 + 60 - 1 = 99 positions: 7 pages of 16
+    results = generate_batch(model, prompts, 60, stop_at_eos=False, kv_cache_tokens=smallest)
+    assert sum(r.preemptions for r in results) > 0
+    for prompt, result in zip(prompts, results):
+        alone = minigpt.generate(model, prompt, 60, stop_at_eos=False)
+        assert result.tokens == alone.tokens and result.logprobs == alone.logprobs
+        assert result.finish_reason == "length" and len(result.tokens) == 60
+
+
+def test_options_per_prompt_and_results_in_prompt_order(model):
+    prompts = [[5, 6, 7], [8], [9, 10]]
+    results = generate_batch(model, prompts, [3, 5, 0], temperature=[0.0, 1.0, 0.5], seed=[None, 4, 2],
+                             top_k=[None, 10, None], stop_at_eos=False, max_batch_size=2)
+    assert [len(r.tokens) for r in results] == [3, 5, 0]
+    assert [r.prompt_ids for r in results] == prompts
+    assert results[2].finish_reason == "length" and results[2].tokens == []
+    assert results[1].tokens == minigpt.generate(model, [8], 5, temperature=1.0, seed=4, top_k=10,
+                                                 stop_at_eos=False).tokens
+
+
+def test_an_int_seed_gives_each_prompt_the_generator_it_has_alone(model):
+    prompts = [[1, 2], [1, 2]]
+    a, b = generate_batch(model, prompts, 8, temperature=1.0, seed=7, stop_at_eos=False)
+    assert a.tokens == b.tokens == minigpt.generate(model, [1, 2], 8, temperature=1.0, seed=7, stop_at_eos=False).tokens
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda m: generate_batch(m, [[1], [1, 99999]]), InputError, "prompt 1: token id 99999 at index 1"),
+    (lambda m: generate_batch(m, [[1], [2]], [3, 4, 5]), InputError, "max_new_tokens has 3 values for 2 prompts"),
+    (lambda m: generate_batch(m, [[1], [2]], temperature=[0.5, -1]), InputError, "prompt 1: temperature"),
+    (lambda m: generate_batch(m, [[1], list(range(250))], 10), ContextLengthError, "prompt 1: prompt of 250 tokens"),
+    (lambda m: generate_batch(m, [[1] * 30], 10, kv_cache_tokens=32), InputError,
+     "prompt 0: 30 prompt tokens + 10 new tokens need 48 cache positions"),
+    (lambda m: generate_batch(m, [[1]], max_batch_size=0), InputError, "max_batch_size must be an integer >= 1"),
+    (lambda m: generate_batch(m, [[1]], kv_cache_tokens=0), InputError, "kv_cache_tokens must be an integer >= 1"),
+    (lambda m: generate_batch(m, "hello"), InputError, "prompts must be a list"),
+])
+def test_every_request_is_checked_before_any_work_and_named_by_index(model, call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call(model)
+
+
+def test_the_pool_defaults_to_max_batch_size_whole_contexts(model):
+    requests, pool = requests_and_pool(model, [[1]], 4, None, max_batch_size=3)
+    assert pool.n_pages * PAGE == 3 * model.config.n_positions
+
+
+@pytest.mark.parametrize("stop", ["error", "interrupt", "close"])
+def test_every_page_is_back_in_the_pool_after_an_error_an_interrupt_or_an_early_stop(model, stop):
+    requests, pool = requests_and_pool(model, [list(range(30))] * 3, [5, 40, 40], 256)
+    steps = []
+
+    def on_step(n):
+        steps.append(n)
+        if len(steps) == 5 and stop != "close":
+            raise RuntimeError("boom") if stop == "error" else KeyboardInterrupt
+
+    loop = run(model, requests, pool, 3, on_step)
+    if stop == "close":
+        next(loop, None)  # the first finished sequence, mid-batch
+        assert pool.in_use > 0
+        loop.close()
+    else:
+        with pytest.raises(RuntimeError if stop == "error" else KeyboardInterrupt):
+            list(loop)
+    assert pool.in_use == 0 and pool.peak_in_use > 0
+
+
+def test_finished_sequences_leave_and_waiting_ones_join(model):
+    """Continuous batching: with one place, the short request does not wait for the long one to
+    start, and all finish with their own lengths."""
+    requests, pool = requests_and_pool(model, [[1], [2], [3]], [30, 2, 2], 256, max_batch_size=2)
+    order = [i for i, _ in run(model, requests, pool, 2)]
+    assert order == [1, 2, 0]

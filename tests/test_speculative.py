@@ -1,0 +1,187 @@
+"""Speculative decoding: the drafters, the refusals, the counts, and statistical tests that sampled
+speculative tokens follow the model's own distribution exactly (and that the tests would notice if
+they did not).
+
+The statistical tests draw N tokens with fixed seeds and compare their counts with the expected
+distribution by Pearson's chi-square test at significance 0.001; the critical value comes from the
+Wilson-Hilferty approximation. A correct sampler fails such a test once in a thousand seeds; these
+seeds are fixed, so the tests are deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import minigpt
+from minigpt import speculative
+from minigpt.config import GPT2Config
+from minigpt.errors import ContextLengthError, InputError
+from minigpt.model import Model
+from minigpt.params import random_params
+from minigpt.sampling import SamplingOptions, filtered_log_probs
+from minigpt.speculative import NGramDrafter, verify_greedy, verify_sampled
+
+Z_0001 = 3.0902  # the standard normal's 0.999 quantile
+
+
+def chi_square_rejects(counts: np.ndarray, probs: np.ndarray) -> bool:
+    """Pearson's test at significance 0.001 that `counts` were drawn from `probs` (cells with
+    probability 0 must be empty)."""
+    if counts[probs == 0].any():
+        return True
+    keep = probs > 0
+    n, expected = counts.sum(), probs[keep] / probs[keep].sum() * counts.sum()
+    statistic = float(((counts[keep] - expected) ** 2 / expected).sum())
+    df = keep.sum() - 1
+    critical = df * (1 - 2 / (9 * df) + Z_0001 * math.sqrt(2 / (9 * df))) ** 3
+    return statistic > critical
+
+
+def tiny(vocab_size: int, seed: int) -> Model:
+    config = GPT2Config(vocab_size=vocab_size, n_positions=32, n_embd=16, n_layer=2, n_head=2, eos_token_id=None)
+    return Model(config, random_params(config, seed=seed, scale=30.0))  # sharp enough to be uneven
+
+
+# --------------------------------------------------------------------------- drafters
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_earlier_occurrence():
+    ids = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    drafts, q = NGramDrafter().propose(ids, 3, SamplingOptions(), None)
+    assert drafts == [7, 8, 5] and q is None  # "2 3" last seen before 7 8 5
+    assert NGramDrafter().propose([4, 5, 6], 3, SamplingOptions(), None) == ([], None)  # no match
+    assert NGramDrafter().propose([5, 6, 5], 4, SamplingOptions(), None)[0] == [6, 5]  # runs up to the end
+
+
+def test_verify_greedy_keeps_confirmed_drafts_then_the_models_own_token():
+    logits = np.eye(5, dtype=np.float32)[[1, 2, 4, 0]]  # argmax per row: 1, 2, 4, 0
+    assert verify_greedy(logits, [1, 2, 3]) == [1, 2, 4]  # third draft wrong: the model's 4 instead
+    assert verify_greedy(logits, [1, 2, 4]) == [1, 2, 4, 0]  # all right: plus the bonus token
+    assert verify_greedy(logits[:1], []) == [1]  # no drafts: a plain step
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(speculate=tiny(7, 1)), InputError, "the draft model's vocabulary has 7 tokens"),
+    (dict(speculate="ngram", draft_tokens=0), InputError, "draft_tokens must be an integer >= 1"),
+    (dict(speculate="ngram", use_cache=False), InputError, "cannot run without it"),
+    (dict(speculate="medusa"), InputError, "speculate must be 'ngram', a draft model or a drafter"),
+    (dict(speculate=3), InputError, "speculate must be 'ngram', a draft model or a drafter"),
+])
+def test_bad_speculation_is_refused_before_any_work(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        minigpt.generate(tiny(6, 0), [1, 2], 5, **kwargs)
+
+
+def test_a_draft_model_whose_context_is_too_short_is_refused():
+    config = GPT2Config(vocab_size=6, n_positions=8, n_embd=8, n_layer=1, n_head=1, eos_token_id=None)
+    with pytest.raises(ContextLengthError, match="the draft model's context holds 8"):
+        minigpt.generate(tiny(6, 0), [1, 2], 20, speculate=Model(config, random_params(config)))
+
+
+# --------------------------------------------------------------------------- counts and k
+
+
+def test_the_model_as_its_own_draft_is_always_accepted_and_counts_say_so():
+    model = tiny(6, 0)
+    result = minigpt.generate(model, [1, 2, 3], 20, speculate=model, draft_tokens=4)
+    assert result.drafted == result.accepted > 0
+    assert result.tokens == minigpt.generate(model, [1, 2, 3], 20).tokens
+
+
+class WrongDrafter:
+    """Always proposes a token the model does not choose; counts its proposals."""
+
+    def __init__(self, model):
+        self.model, self.proposals = model, []
+
+    def propose(self, ids, k, options, rng):
+        wrong = (int(np.argmax(self.model.forward(ids)[-1])) + 1) % self.model.config.vocab_size
+        self.proposals.append(k)
+        return [wrong] * k, None
+
+    def accepted(self, n_positions):
+        pass
+
+
+def test_an_always_wrong_drafter_is_tried_less_and_less():
+    """k shrinks by one per rejection to 0, then single drafts are retried after 2, 4, 8, ... plain steps."""
+    model = tiny(6, 0)
+    drafter = WrongDrafter(model)
+    result = minigpt.generate(model, [1, 2, 3], 28, speculate=drafter, draft_tokens=3)
+    assert result.accepted == 0 and result.tokens == minigpt.generate(model, [1, 2, 3], 28).tokens
+    assert drafter.proposals[:3] == [3, 2, 1]
+    assert len(drafter.proposals) == 3 + 3  # retries after 2, 4 and 8 plain steps within 28 tokens
+
+
+# --------------------------------------------------------------------------- sampling is exact
+
+
+def first_tokens(verify, p, q, drafts_from, n=20_000, seed=0):
+    """Counts of the first and (after an accepted first draft) second token of n verifications."""
+    rng = np.random.default_rng(seed)
+    vocab = p.shape[1]
+    first, second = np.zeros(vocab, int), np.zeros(vocab, int)
+    for _ in range(n):
+        drafts = drafts_from(rng)
+        out = verify(p, q, drafts, rng)
+        first[out[0]] += 1
+        if len(out) > 1:
+            second[out[1]] += 1
+    return first, second
+
+
+def distributions(seed, vocab=6, k=2):
+    rng = np.random.default_rng(seed)
+    p, q = rng.dirichlet(np.ones(vocab), k + 1), rng.dirichlet(np.ones(vocab) * 0.5, k)
+    p[:, 0] = 0  # a token the model never samples (top-k/top-p filtered): a draft of it must be rejected
+    p /= p.sum(axis=1, keepdims=True)
+    return p, q
+
+
+def test_speculative_sampling_tokens_follow_the_models_distribution_with_a_model_drafter():
+    p, q = distributions(1)
+    first, second = first_tokens(verify_sampled, p, q, lambda rng: [int(rng.choice(6, p=row)) for row in q])
+    assert not chi_square_rejects(first, p[0])
+    assert not chi_square_rejects(second, p[1])
+
+
+def test_speculative_sampling_tokens_follow_the_models_distribution_with_one_hot_drafts():
+    p, _ = distributions(2)
+    first, second = first_tokens(verify_sampled, p, None, lambda rng: [3, 0])
+    assert not chi_square_rejects(first, p[0])
+    assert not chi_square_rejects(second, p[1])
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda p, q: np.maximum(q - p, 0) / np.maximum(q - p, 0).sum(),  # q and p swapped
+    lambda p, q: q / q.sum(),  # q used where p belongs
+    lambda p, q: p / p.sum(),  # the draft's share not taken out
+])
+def test_the_statistical_test_catches_a_wrong_residual_distribution(monkeypatch, wrong):
+    monkeypatch.setattr(speculative, "residual", wrong)
+    p, q = distributions(1)
+    first, _ = first_tokens(verify_sampled, p, q, lambda rng: [int(rng.choice(6, p=row)) for row in q])
+    assert chi_square_rejects(first, p[0])
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_sampled_speculative_generation_draws_the_first_token_from_the_models_filtered_distribution(drafter):
+    """End to end: the first new token of 1,500 seeded runs, against p after temperature and top-k."""
+    model, prompt = tiny(6, 0), [1, 2, 3, 1, 2]
+    options = dict(temperature=1.5, top_k=4)
+    speculate = "ngram" if drafter == "ngram" else tiny(6, 5)
+    p = np.exp(filtered_log_probs(model.forward(prompt)[-1], SamplingOptions(**options)))
+    counts = np.zeros(6, int)
+    drafted = 0
+    for seed in range(1500):
+        result = minigpt.generate(model, prompt, 2, speculate=speculate, draft_tokens=1, seed=seed, **options)
+        counts[result.tokens[0]] += 1
+        drafted += result.drafted
+    assert drafted > 0
+    assert not chi_square_rejects(counts, p)
