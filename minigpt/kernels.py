@@ -75,16 +75,20 @@ class Kernels:
 
 
 def _softmax_rows(scores: np.ndarray) -> np.ndarray:
-    """Softmax along the last axis; -inf scores become weights of exactly 0.0."""
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    weights = np.exp(scores)
-    return weights / weights.sum(axis=-1, keepdims=True)
+    """Softmax along the last axis, in place (scores are overwritten); -inf scores become weights of
+    exactly 0.0."""
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
 
 
-def _causal_scores(scores: np.ndarray, query_pos: np.ndarray, n_keys: int) -> np.ndarray:
-    """Set the score of every key after its query to -inf (query_pos: absolute positions [T])."""
-    future = np.arange(n_keys) > query_pos[:, None]  # [T, n_keys]
-    return np.where(future, np.float32(-np.inf), scores)
+def _mask_future(scores: np.ndarray, first_query: int) -> np.ndarray:
+    """Give every key after its query the score -inf, in place: scores [..., n, n_keys] of queries at
+    positions first_query .. first_query+n-1 over keys 0 .. n_keys-1."""
+    for r in range(scores.shape[-2]):
+        scores[..., r, first_query + r + 1:] = -np.inf
+    return scores
 
 
 def _cut(segments: Segments, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -114,7 +118,7 @@ def fast_attention(q, segments: Segments, start: int, record: bool = False):
     L = start + T  # keys 0 .. L-1 exist
     parts = _cut(segments, L)
     scores = np.concatenate([q @ k.transpose(0, 2, 1) for k, _ in parts], axis=-1)  # [H, T, hd] @ [H, hd, L] -> [H, T, L]
-    weights = _softmax_rows(_causal_scores(scores / np.float32(math.sqrt(head_dim)), np.arange(start, L), L))
+    weights = _softmax_rows(_mask_future(scores / np.float32(math.sqrt(head_dim)), start))
     out, at = 0, 0
     for _, v in parts:  # [H, T, n] @ [H, n, hd], summed over the runs -> [H, T, hd]
         out = out + weights[..., at:at + v.shape[1]] @ v
@@ -143,43 +147,37 @@ def _workers() -> ThreadPoolExecutor | None:
     return ThreadPoolExecutor(n - 1, thread_name_prefix="minigpt-kernels") if n > 1 else None
 
 
-def _gemv_rows(blocks: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
-    """out[b, t] = blocks[b] @ x[t] for every block b and row t: one gemv each, block-major order so
-    that a block is read from memory once and from cache for the other rows.
-    blocks [nb, cols, n_in], x [T, n_in], out [nb, T, cols, 1]."""
-    np.matmul(blocks[:, None], x[None, :, :, None], out=out)  # nb x T x ([cols, n_in] @ [n_in, 1])
+def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    """y = x @ weight.T for weight [m, n_in] (m a multiple of ALIGN), x [T, n_in], into y [T, m]: one
+    gemv per weight block and row, block-major so that a block is read from memory once and from
+    cache for the other rows."""
+    m, n_in = weight.shape
+    if m == 0:
+        return
+    T = x.shape[0]
+    cols = min(m, ALIGN * max(1, BLOCK_ELEMENTS // (ALIGN * n_in)))
+    full = m // cols * cols
+    for first, blocks in ((0, weight[:full].reshape(full // cols, cols, n_in)), (full, weight[full:][None])):
+        nb, c, _ = blocks.shape
+        if c:
+            # `out` block-major and contiguous: NumPy loops in the order of the output's memory
+            out = np.matmul(blocks[:, None], x[None, :, :, None])  # nb x T x ([c, n_in] @ [n_in, 1])
+            y[:, first:first + nb * c] = out[..., 0].transpose(1, 0, 2).reshape(T, nb * c)
 
 
 def _blocked(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """weight [n, n_in] (n a multiple of ALIGN) times each row of x [T, n_in] -> [T, n], in blocks of
-    `cols` weight rows split between the worker threads."""
-    n, n_in = weight.shape
-    T = x.shape[0]
-    cols = min(n, ALIGN * max(1, BLOCK_ELEMENTS // (ALIGN * n_in)))
-    full = n // cols * cols
-    jobs = []  # (blocks [nb, c, n_in], out [nb, T, c, 1]): the whole blocks, then the last, narrower one
-    for blocks in ([weight[:full].reshape(full // cols, cols, n_in)] if full else []) + (
-            [weight[full:][None]] if full < n else []):
-        # `out` block-major and contiguous: NumPy loops in the order of the output's memory, so this
-        # keeps each block in cache for all T rows.
-        jobs.append((blocks, np.empty((blocks.shape[0], T, blocks.shape[1], 1), np.float32)))
-    pool = _workers()
-    if pool is None:
-        for blocks, out in jobs:
-            _gemv_rows(blocks, x, out)
-    else:
-        n_threads, futures, mine = threads(), [], []
-        for blocks, out in jobs:  # each job's blocks in n_threads contiguous shares; the caller keeps share 0
-            edges = np.linspace(0, blocks.shape[0], n_threads + 1).round().astype(int)
-            mine.append((blocks[edges[0]:edges[1]], out[edges[0]:edges[1]]))
-            futures += [pool.submit(_gemv_rows, blocks[lo:hi], x, out[lo:hi])
-                        for lo, hi in zip(edges[1:-1], edges[2:]) if hi > lo]
-        for blocks, out in mine:
-            if blocks.shape[0]:
-                _gemv_rows(blocks, x, out)
-        for f in futures:
-            f.result()
-    return np.concatenate([out[..., 0].transpose(1, 0, 2).reshape(T, -1) for _, out in jobs], axis=1)  # [T, n]
+    """weight [n, n_in] (n a multiple of ALIGN) times each row of x [T, n_in] -> [T, n]: the weight's
+    rows split between the threads at multiples of ALIGN, each share multiplied in blocks."""
+    n = weight.shape[0]
+    y = np.empty((x.shape[0], n), np.float32)
+    n_threads = threads() if _workers() is not None else 1
+    edges = [ALIGN * round(i * n / (ALIGN * n_threads)) for i in range(n_threads + 1)]
+    futures = [_workers().submit(_gemv_blocks, weight[lo:hi], x, y[:, lo:hi])
+               for lo, hi in zip(edges[1:-1], edges[2:]) if hi > lo]
+    _gemv_blocks(weight[:edges[1]], x, y[:, :edges[1]])  # the calling thread's share
+    for f in futures:
+        f.result()
+    return y
 
 
 def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -213,10 +211,11 @@ def exact_attention(q, segments: Segments, start: int, record: bool = False):
         rows, n = slice(lo - start, hi - start), hi - lo
         L = (block + 1) * PAGE  # L(t) for every query t in this block
         parts = _cut(segments, L)
-        qs = q[:, None, rows, :, None]  # [H, 1, n, hd, 1]
-        scores = np.concatenate([np.matmul(k[:, None], qs[:, 0])[..., 0] for k, _ in parts], axis=-1)
-        # per query and run: [m, hd] @ [hd] -> scores [H, n, L]
-        weights = _softmax_rows(_causal_scores(scores / scale, np.arange(lo, hi), L))  # [H, n, L]
+        qs = q[:, rows, :, None]  # [H, n, hd, 1]
+        scores = [np.matmul(k[:, None], qs)[..., 0] for k, _ in parts]  # per query and run: [m, hd] @ [hd]
+        scores = scores[0] if len(scores) == 1 else np.concatenate(scores, axis=-1)  # [H, n, L]
+        scores /= scale
+        weights = _softmax_rows(_mask_future(scores, lo))  # [H, n, L]; keys after each query weigh exactly 0.0
         paged_w = weights.reshape(n_head, n, L // PAGE, 1, PAGE)
         partials, at = [], 0  # per query and page: [PAGE] @ [PAGE, hd] -> [hd]
         for _, v in parts:
@@ -224,8 +223,8 @@ def exact_attention(q, segments: Segments, start: int, record: bool = False):
             pages_v = v.reshape(n_head, 1, p, PAGE, head_dim)  # [H, 1, p, PAGE, hd]
             partials.append(np.matmul(paged_w[:, :, at:at + p], pages_v)[:, :, :, 0])  # [H, n, p, hd]
             at += p
-        by_page = np.concatenate(partials, axis=2).transpose(0, 1, 3, 2).copy()  # [H, n, hd, L/PAGE]
-        out[:, rows] = by_page.sum(axis=-1)  # the pages' partial sums, added along one contiguous row
+        by_page = partials[0] if len(partials) == 1 else np.concatenate(partials, axis=2)  # [H, n, L/PAGE, hd]
+        out[:, rows] = by_page.transpose(0, 1, 3, 2).copy().sum(axis=-1)  # pages added along one contiguous row
         if record:
             n_keys = min(L, start + T)
             weights_all[:, rows, :n_keys] = weights[..., :n_keys]  # keys past L are never computed: 0

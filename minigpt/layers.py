@@ -65,13 +65,25 @@ def attention(x, p: Attention, n_head: int, layer: int, spans: list[Span], kerne
     """
     qkv = kernels.linear(x, p.c_attn.weight, p.c_attn.bias)  # [N, C] -> [N, 3C]
     q, k, v = (split_heads(a, n_head) for a in np.split(qkv, 3, axis=-1))  # 3 x [n_head, N, head_dim]
+    store_keys_values(spans, layer, k, v)
     out, weights = np.empty_like(q), []
     for s in spans:
-        store_k, store_v = s.cache.k[layer], s.cache.v[layer]  # [n_head, slots, head_dim]
-        store_k[:, s.slots], store_v[:, s.slots] = k[:, s.rows], v[:, s.rows]
         out[:, s.rows], w = kernels.attention(q[:, s.rows], s.cache.segments(layer, s.runs), s.start, record)
         weights.append(w)
     return kernels.linear(merge_heads(out), p.c_proj.weight, p.c_proj.bias), weights  # [N, C]
+
+
+def store_keys_values(spans: list[Span], layer: int, k: np.ndarray, v: np.ndarray) -> None:
+    """Write each sequence's new keys and values (rows of k, v [n_head, N, head_dim]) into its cache:
+    one scatter per store, since a batch's sequences share their pool's."""
+    by_store: dict[int, list[Span]] = {}
+    for s in spans:
+        by_store.setdefault(id(s.cache.k), []).append(s)
+    for group in by_store.values():
+        slots = np.concatenate([s.slots for s in group])
+        rows = np.concatenate([np.arange(s.rows.start, s.rows.stop) for s in group])
+        group[0].cache.k[layer][:, slots] = k[:, rows]  # [n_head, slots, head_dim]
+        group[0].cache.v[layer][:, slots] = v[:, rows]
 
 
 def mlp(x: np.ndarray, p: MLP, kernels: Kernels) -> np.ndarray:
