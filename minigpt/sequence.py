@@ -74,7 +74,7 @@ def check_stop(model: Model, stop) -> tuple[str, ...]:
     """Stop strings as a tuple of non-empty strings; they need the model's tokenizer to be matched."""
     if stop is None:
         return ()
-    if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise InputError(f"stop must be a list of strings, got {stop!r}")
     for s in stop:
         if not s:

@@ -88,3 +88,12 @@ def test_the_text_of_a_result_leaves_out_the_end_of_text_that_ended_it(tokenizer
     for t in tokenizer.encode(" hello") + [50256]:
         seq.append(t, np.zeros(50257, np.float32), 0.0)
     assert generated_text(tokenizer, seq.result()) == " hello"
+
+
+@pytest.mark.parametrize("stop", [5, "END", {"END": 1}, ["END", 3]])
+def test_stop_must_be_a_list_of_strings(stop):
+    import minigpt
+    from minigpt.errors import InputError
+
+    with pytest.raises(InputError, match="stop must be a list of strings"):
+        minigpt.generate(minigpt.load("random-tiny"), [1], 3, stop=stop)
