@@ -118,6 +118,20 @@ def test_a_bad_option_is_a_usage_error_naming_it(capsys, option, value):
                  exit_code=2)
 
 
+@pytest.mark.parametrize("option, value", [
+    ("--max-batch-size", "0"), ("--kv-cache-tokens", "0"), ("--kv-cache-tokens", "1e3"), ("--top-logprobs", "-1"),
+    ("--temperature", "nan"), ("--top-p", "0"), ("--max-new-tokens", "-1"), ("--seed", "x"),
+])
+def test_a_bad_batch_option_is_a_usage_error_naming_it(capsys, tmp_path, option, value):
+    """`batch` validates its options as `generate` does (the same parsers), before reading INPUT."""
+    try:
+        code = main(["batch", str(tmp_path / "missing.jsonl"), "--model", "random-tiny", option, value])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    assert_error((code, out, err), [f"argument {option}", value], exit_code=2)
+
+
 def test_prompt_plus_new_tokens_beyond_the_context_is_refused_stating_the_limit(capsys):
     assert_error(cli(capsys, "hi " * 10, "--model", "random-tiny", "--max-new-tokens", "250"),
                  ["tokens + 250 new tokens", "256 (n_positions)", "--truncate-prompt"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 
 import numpy as np
@@ -54,7 +55,8 @@ def test_cli_json_keys_and_lengths(capsys):
     assert doc["measured_ratio"] == pytest.approx(sum(doc["naive_ms"]) / sum(doc["cached_ms"]), rel=0.01)
     assert doc["summary"]["cached"]["total_s"] == pytest.approx(sum(doc["cached_ms"]) / 1e3, rel=0.01)
     assert doc["plot"] is None
-    assert "4/4 tokens" in captured.err  # the progress bar, on stderr
+    for mode in MODES:  # a progress bar per loop, on stderr
+        assert re.search(rf"{mode}: 100%.* 4/4 ", captured.err), captured.err
 
 
 def test_cli_text_prints_a_row_per_token_and_the_ratios(capsys):

@@ -11,9 +11,10 @@ import os
 import sys
 
 from ..errors import MinigptError
-from . import cost, generate, prove, staircase
+from . import batch, cost, generate, prove, staircase
+from .common import UsageError
 
-COMMANDS = (generate, prove, staircase, cost)
+COMMANDS = (generate, batch, prove, staircase, cost)
 
 
 class Parser(argparse.ArgumentParser):
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     except MinigptError as e:
         sys.stdout.flush()
         print("error:", " ".join(str(e).splitlines()), file=sys.stderr)  # always one line
-        return 1
+        return 2 if isinstance(e, UsageError) else 1
     except KeyboardInterrupt:
         sys.stdout.flush()
         print(file=sys.stderr)

@@ -14,6 +14,11 @@ from ..model import Model
 from ..tokenizer import encode
 
 
+class UsageError(InputError):
+    """A mistake in how a command was called that argparse cannot see (a bad line of an input
+    file): one line `error: ...` and exit 2, as argparse's own usage errors."""
+
+
 def add_model_options(p: argparse.ArgumentParser, default: str = "gpt2") -> None:
     p.add_argument("--model", default=default,
                    help=f"checkpoint directory, alias (gpt2, gpt2-medium, ...), hub id, random-124m or random-tiny "
@@ -42,6 +47,23 @@ positive_int = checked(int, lambda v: v >= 1, ">= 1")
 non_negative_int = checked(int, lambda v: v >= 0, ">= 0")
 non_negative_float = checked(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")  # NaN fails too
 probability = checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """The options of a generation request, with `generate`'s defaults: greedy, stop at end of text."""
+    p.add_argument("--max-new-tokens", type=non_negative_int, default=40,
+                   help="at most this many new tokens (default 40)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0,
+                   help="0 is greedy (default); higher samples more freely")
+    p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=probability, default=None,
+                   help="sample among the smallest set holding this probability")
+    p.add_argument("--seed", type=non_negative_int, default=None, help="a seed makes sampling reproducible")
+    p.add_argument("--no-stop", action="store_true", help="keep going past <|endoftext|>")
+    p.add_argument("--stop", action="append", metavar="TEXT",
+                   help="end before this text; the text is left out (repeatable: the first found ends)")
+    p.add_argument("--top-logprobs", type=non_negative_int, default=0, metavar="N",
+                   help="also report the N most likely tokens at each step with their log-probabilities")
 
 
 def print_json(document: dict) -> None:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+from tqdm import tqdm
 
 from ..errors import InputError
 from ..staircase import MODES, OnStep, Staircase, measure, plot, require_matplotlib
@@ -33,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--plot: no directory {str(args.plot.parent)!r} to write {args.plot.name!r} in")
         require_matplotlib()
     model = load_model(args)
-    staircase = measure(model, args.prompt_tokens, args.new_tokens, progress_bar(args.new_tokens))
+    with progress_bars(args.new_tokens) as on_step:
+        staircase = measure(model, args.prompt_tokens, args.new_tokens, on_step)
     if args.plot is not None:
         plot(staircase, args.plot, f"{args.model} ({args.kernels} kernels): {args.prompt_tokens}-token prompt, "
                                    f"{args.new_tokens} new tokens")
@@ -44,18 +49,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def progress_bar(total: int, width: int = 30) -> OnStep:
-    """A one-line text bar per loop on stderr: `naive  [#######.......]  12/40 tokens  3.1 s`."""
-    elapsed: dict[str, float] = {}
+@contextmanager
+def progress_bars(total: int) -> Iterator[OnStep]:
+    """A tqdm bar per loop on stderr, ` naive: 100%|##########| 40/40 [00:03<00:00, 12.5token/s]`,
+    and the on_step that advances them; every bar is closed however the measurement ends."""
+    bars: dict[str, tqdm] = {}
 
     def show(mode: str, done: int, seconds: float) -> None:
-        elapsed[mode] = elapsed.get(mode, 0.0) + seconds
-        filled = width * done // total
-        sys.stderr.write(f"\r{mode:<7}[{'#' * filled}{'.' * (width - filled)}] {done:>{len(str(total))}}/{total} "
-                         f"tokens {elapsed[mode]:6.1f} s" + ("\n" if done == total else ""))
-        sys.stderr.flush()
+        if mode not in bars:
+            bars[mode] = tqdm(total=total, desc=f"{mode:>6}", unit="token", file=sys.stderr)
+        bars[mode].update(1)
+        if done == total:
+            bars[mode].close()
 
-    return show
+    try:
+        yield show
+    finally:
+        for bar in bars.values():
+            bar.close()
 
 
 def as_json(s: Staircase, args: argparse.Namespace) -> dict:

@@ -1,0 +1,332 @@
+"""`python -m minigpt batch`: JSON Lines in, one line per prompt out, in input order, each line's
+tokens those `minigpt.generate` gives it alone; every bad line refused before any work.
+
+Most tests run `minigpt.cli.main` in-process on a small checkpoint whose vocabulary is not GPT-2's
+(so no BPE tables are needed; its "text" is null); the text tests and the subprocess tests (stdin,
+stdout, Ctrl-C) use random-tiny and GPT-2's tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_cli_errors import environment
+
+import minigpt
+import minigpt.batching
+from minigpt.checkpoint import save_checkpoint
+from minigpt.cli import main
+from minigpt.config import GPT2Config
+from minigpt.params import random_params
+from minigpt.sequence import generated_text
+
+SMALL = GPT2Config(vocab_size=300, n_positions=64, n_embd=16, n_layer=2, n_head=2, eos_token_id=None)
+SUMMARY = re.compile(r"(\d+) requests, ([\d,]+) tokens, ([\d.]+) s, ([\d,.]+) tokens/s, peak ([\d,]+) of ([\d,]+) "
+                     r"pages in use \(([\d,.]+ (?:B|KiB|MiB|GiB)) of keys and values\), (\d+) preemptions\n")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> str:
+    """A checkpoint directory with a 300-token vocabulary: no tokenizer, so prompt_ids only."""
+    directory = tmp_path_factory.mktemp("small")
+    save_checkpoint(directory, SMALL, random_params(SMALL, seed=1, scale=20.0))  # scaled: varied greedy tokens
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def small_model(small):
+    return minigpt.load(small)
+
+
+def write_lines(path: Path, lines) -> Path:
+    """A JSON Lines file: dicts are dumped, strings written as they are."""
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def batch(capsys, tmp_path: Path, lines, model: str, *argv: str) -> tuple[int, list[dict] | None, str]:
+    """`python -m minigpt batch IN -o OUT --model MODEL ARGV` in-process: exit code, OUT's lines
+    parsed (None if OUT was not written), stderr. Nothing may go to stdout."""
+    source, target = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    try:
+        code = main(["batch", str(source), "-o", str(target), "--model", model, *argv])
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    assert out == ""
+    return code, [json.loads(line) for line in target.read_text().splitlines()] if target.exists() else None, err
+
+
+def alone(model, line: dict, **defaults) -> minigpt.GenerationResult:
+    """What minigpt.generate gives the line's prompt with the line's options over the defaults."""
+    options = {**defaults, **{k: v for k, v in line.items() if k not in ("id", "prompt_ids")}}
+    return minigpt.generate(model, line["prompt_ids"], **options)
+
+
+def assert_same(output: dict, result: minigpt.GenerationResult) -> None:
+    assert output["prompt_ids"] == result.prompt_ids
+    assert output["tokens"] == result.tokens
+    assert output["logprobs"] == result.logprobs  # bitwise: JSON keeps every bit of a float
+    assert output["finish_reason"] == result.finish_reason
+    if result.top_logprobs is None:
+        assert "top_logprobs" not in output
+    else:
+        assert output["top_logprobs"] == [[list(pair) for pair in step] for step in result.top_logprobs]
+
+
+# Order, ids, exactness
+
+def test_lines_come_out_in_input_order_although_later_ones_finish_first(capsys, tmp_path, small, small_model):
+    lines = [{"prompt_ids": [1, 2, 3], "max_new_tokens": 12}, {"prompt_ids": [4], "max_new_tokens": 2},
+             {"prompt_ids": [5, 6], "max_new_tokens": 6}]
+    requests = minigpt.batching.make_requests(small_model, [line["prompt_ids"] for line in lines], dict(
+        max_new_tokens=[line["max_new_tokens"] for line in lines], temperature=0.0, top_k=None, top_p=None,
+        seed=None, stop=None, stop_at_eos=True, top_logprobs=0))
+    pool = minigpt.batching.new_pool(small_model, requests, 16, None)
+    assert [i for i, _ in minigpt.batching.run(small_model, requests, pool, 16)] == [1, 2, 0]  # the premise
+    code, outputs, err = batch(capsys, tmp_path, lines, small)
+    assert code == 0, err
+    assert [o["id"] for o in outputs] == [1, 2, 3]
+    assert [len(o["tokens"]) for o in outputs] == [12, 2, 6]
+
+
+def test_ids_are_copied_and_default_to_line_numbers_counting_blank_lines(capsys, tmp_path, small):
+    lines = [{"prompt_ids": [1]}, "", {"id": "a", "prompt_ids": [1]}, "   ", {"id": 7, "prompt_ids": [1]},
+             {"id": None, "prompt_ids": [1]}, {"id": True, "prompt_ids": [1]}, {"id": 2.5, "prompt_ids": [1]},
+             {"prompt_ids": [1]}]
+    code, outputs, err = batch(capsys, tmp_path, lines, small, "--max-new-tokens", "1")
+    assert code == 0, err
+    assert [o["id"] for o in outputs] == [1, "a", 7, None, True, 2.5, 9]
+
+
+def test_every_line_gets_the_tokens_generate_gives_it_alone_with_its_own_options(capsys, tmp_path, small,
+                                                                                 small_model):
+    defaults = dict(max_new_tokens=7, temperature=0.9, top_k=40, seed=3)
+    lines = [
+        {"prompt_ids": [1, 2, 3]},
+        {"prompt_ids": [4, 5], "temperature": 0.0, "max_new_tokens": 3},  # greedy, shorter
+        {"prompt_ids": [6], "top_k": None, "top_p": 0.9, "seed": 11},  # the option turned off, another one on
+        {"prompt_ids": [7, 8, 9, 10], "seed": None, "top_logprobs": 3},  # unseeded: only its length is fixed
+        {"prompt_ids": [2], "max_new_tokens": 0},
+        {"prompt_ids": [1, 2, 3], "temperature": 1.5, "seed": 3, "max_new_tokens": 20},
+    ]
+    code, outputs, err = batch(capsys, tmp_path, lines, small, "--max-new-tokens", "7", "--temperature", "0.9",
+                               "--top-k", "40", "--seed", "3", "--max-batch-size", "4")
+    assert code == 0, err
+    assert [len(o["tokens"]) for o in outputs] == [7, 3, 7, 7, 0, 20]
+    for i in (0, 1, 2, 4, 5):
+        assert_same(outputs[i], alone(small_model, lines[i], **defaults))
+    assert outputs[0]["tokens"] != outputs[5]["tokens"][:7]  # the overrides changed something
+    assert len(outputs[3]["top_logprobs"]) == 7 and all(len(step) == 3 for step in outputs[3]["top_logprobs"])
+    assert all(o["text"] is None and o["preemptions"] == 0 for o in outputs)  # no tokenizer; an ample pool
+
+
+def test_a_tight_pool_preempts_and_every_line_still_gets_its_tokens_alone(capsys, tmp_path, small, small_model):
+    lines = [{"prompt_ids": list(range(i, i + 20))} for i in (0, 50, 100, 150)]
+    code, outputs, err = batch(capsys, tmp_path, lines, small, "--max-new-tokens", "30", "--kv-cache-tokens", "64",
+                               "--temperature", "1", "--seed", "5")
+    assert code == 0, err
+    assert sum(o["preemptions"] for o in outputs) > 0
+    for line, output in zip(lines, outputs):
+        assert_same(output, alone(small_model, line, max_new_tokens=30, temperature=1.0, seed=5))
+    assert int(SUMMARY.search(err)[8]) == sum(o["preemptions"] for o in outputs)
+
+
+def test_each_line_is_written_as_soon_as_it_and_every_line_before_it_are_done(capsys, tmp_path, small, monkeypatch):
+    target, real_run, seen = tmp_path / "out.jsonl", minigpt.batching.run, []
+
+    def spy(*args, **kwargs):
+        for i, result in real_run(*args, **kwargs):
+            yield i, result
+            seen.append((i, len(target.read_text().splitlines())))  # resumed: the CLI has handled result i
+
+    monkeypatch.setattr(minigpt.batching, "run", spy)
+    lengths = [9, 3, 1, 6]
+    code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1], "max_new_tokens": n} for n in lengths], small)
+    assert code == 0, err
+    assert seen == [(2, 0), (1, 0), (3, 0), (0, 4)]  # nothing until line 1 is done, then everything at once
+
+
+def test_the_summary_gives_requests_tokens_time_rate_peak_pages_and_preemptions(capsys, tmp_path, small):
+    code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1, 2]}, {"prompt_ids": [3], "max_new_tokens": 5}],
+                               small, "--max-new-tokens", "10", "--kv-cache-tokens", "320")
+    assert code == 0, err
+    summary = SUMMARY.search(err)
+    assert summary, err
+    requests, tokens, seconds, rate, peak, pages, kv, preemptions = summary.groups()
+    assert (int(requests), int(tokens), int(pages), int(preemptions)) == (2, 15, 20, 0)
+    assert int(peak) == 2  # 11 and 5 positions: one page each
+    assert kv == f"{2 * 2 * 2 * 16 * 16 * 4 / 1024:g} KiB"  # 2 pages x (K, V) x 2 layers x 16 positions x 16 x 4 bytes
+    assert float(seconds) >= 0 and float(rate.replace(",", "")) > 0
+    assert err.endswith(summary[0]) and "2/2" in err  # the summary last, after the progress bar's final state
+
+
+def test_an_empty_input_writes_nothing_and_says_so(capsys, tmp_path, small):
+    code, outputs, err = batch(capsys, tmp_path, ["", " "], small)
+    assert (code, outputs) == (0, [])
+    assert SUMMARY.search(err)[1] == "0"
+
+
+# Bad lines: refused before any work, naming the line
+
+BAD_LINES = [
+    ('{"prompt_ids": [1, 2}', [], "invalid JSON: Expecting ',' delimiter at column 21"),
+    ("[1, 2]", [], "a line must be a JSON object {...}, got [1, 2]"),
+    ('"The dog"', [], "a line must be a JSON object"),
+    ({"prompt_ids": [1], "temprature": 0.5}, [], 'unknown key "temprature"; a line\'s keys are id, prompt,'),
+    ({"prompt": "a", "prompt_ids": [1]}, [], 'exactly one of "prompt" (text) and "prompt_ids"'),
+    ({"id": 3}, [], 'exactly one of "prompt" (text) and "prompt_ids"'),
+    ({"prompt_ids": [1], "id": [1]}, [], '"id" must be a string, number, boolean or null, got [1]'),
+    ({"prompt": 5}, [], '"prompt" must be a string (token ids go in "prompt_ids"), got 5'),
+    ({"prompt": "The dog"}, [], "not GPT-2's 50257, so it has no tokenizer for a text prompt"),
+    ({"prompt_ids": "1 2"}, [], "token ids must be integers, got the text"),
+    ({"prompt_ids": [1, 2.0]}, [], "token id at index 1 is 2.0, not an integer"),
+    ({"prompt_ids": [1, 300]}, [], "token id 300 at index 1 is outside [0, 300)"),
+    ({"prompt_ids": [[1]]}, [], "token ids must be a 1-D sequence"),
+    ({"prompt_ids": [1], "max_new_tokens": "5"}, [], "max_new_tokens must be an integer >= 0, got '5'"),
+    ({"prompt_ids": [1], "max_new_tokens": 2.0}, [], "max_new_tokens must be an integer >= 0, got 2.0"),
+    ({"prompt_ids": [1], "temperature": -1}, [], "temperature must be a finite number >= 0, got -1"),
+    ({"prompt_ids": [1], "temperature": True}, [], "temperature must be a finite number >= 0, got True"),
+    ('{"prompt_ids": [1], "temperature": NaN}', [], "temperature must be a finite number >= 0, got nan"),
+    ({"prompt_ids": [1], "top_k": 0}, [], "top_k must be an integer >= 1, got 0"),
+    ({"prompt_ids": [1], "top_p": 1.5}, [], "top_p must be a number in (0, 1], got 1.5"),
+    ({"prompt_ids": [1], "seed": -1}, [], "seed must be an integer >= 0, got -1"),
+    ({"prompt_ids": [1], "top_logprobs": -1}, [], "top_logprobs must be an integer >= 0, got -1"),
+    ({"prompt_ids": [1], "top_logprobs": None}, [], "top_logprobs must be an integer >= 0, got None"),
+    ({"prompt_ids": [1], "stop": "x"}, [], "\"stop\" must be a list of strings, got 'x'"),
+    ({"prompt_ids": [1], "stop": 5}, [], '"stop" must be a list of strings, got 5'),
+    ({"prompt_ids": [1], "stop": [5]}, [], "stop must be a list of strings, got [5]"),
+    ({"prompt_ids": [1], "stop": ["x"]}, [], "stop strings need the model's tokenizer"),
+    ({"prompt_ids": list(range(60)), "max_new_tokens": 5}, [],
+     "prompt of 60 tokens + 5 new tokens exceeds the context of 64 (n_positions)"),
+    ({"prompt_ids": list(range(30)), "max_new_tokens": 5}, ["--kv-cache-tokens", "32", "--max-new-tokens", "5"],
+     "30 prompt tokens + 5 new tokens need 48 cache positions (whole pages of 16); the pool holds 32"),
+]
+
+
+@pytest.mark.parametrize("bad, argv, message", BAD_LINES)
+def test_a_bad_line_fails_the_run_before_any_work_naming_the_line(capsys, tmp_path, small, monkeypatch, bad,
+                                                                  argv, message):
+    def no_work(*args, **kwargs):
+        raise AssertionError("the scheduler ran")
+
+    monkeypatch.setattr(minigpt.batching, "run", no_work)
+    lines = [{"prompt_ids": [1]}, "", bad, {"prompt_ids": [2]}]
+    code, outputs, err = batch(capsys, tmp_path, lines, small, *argv)
+    assert (code, outputs) == (2, None)  # OUTPUT not even created
+    assert err.startswith(f"error: {tmp_path / 'in.jsonl'} line 3: ") and message in err, err
+    assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err
+
+
+def test_the_first_bad_line_is_the_one_named(capsys, tmp_path, small):
+    code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1]}, {"prompt_ids": [1], "top_k": 0}, "{"], small)
+    assert (code, outputs) == (2, None)
+    assert err == f"error: {tmp_path / 'in.jsonl'} line 2: top_k must be an integer >= 1, got 0\n"
+
+
+def test_bytes_that_are_not_utf8_name_their_line(capsys, tmp_path, small):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_bytes(b'{"prompt_ids": [1]}\n{"prompt": "caf\xe9"}\n')
+    assert main(["batch", str(source), "-o", str(target), "--model", small]) == 2
+    assert capsys.readouterr().err == f"error: {source} line 2: not UTF-8 text (byte 16)\n"
+    assert not target.exists()
+
+
+def test_a_missing_input_or_unwritable_output_is_a_usage_error(capsys, tmp_path, small):
+    missing = tmp_path / "missing.jsonl"
+    assert main(["batch", str(missing), "--model", small]) == 2
+    assert capsys.readouterr().err == f"error: cannot read INPUT {missing}: No such file or directory\n"
+    source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}])
+    unwritable = tmp_path / "no" / "out.jsonl"
+    assert main(["batch", str(source), "-o", str(unwritable), "--model", small]) == 2
+    assert capsys.readouterr().err == f"error: cannot write OUTPUT {unwritable}: No such file or directory\n"
+
+
+def test_stop_strings_without_a_tokenizer_are_refused_as_the_option_not_a_line(capsys, tmp_path, small):
+    code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1]}], small, "--stop", "x")
+    assert (code, outputs) == (1, None)
+    assert err.startswith("error: stop strings need the model's tokenizer") and err.count("\n") == 1
+
+
+# Text (random-tiny: GPT-2's vocabulary and tokenizer)
+
+def test_text_prompts_stop_strings_and_the_text_field(capsys, tmp_path, tokenizer):
+    model = minigpt.load("random-tiny")
+    pieces = [tokenizer.decode([t]) for t in minigpt.generate(model, minigpt.encode(tokenizer, "The dog"), 12,
+                                                               temperature=1.0, seed=0).tokens]
+    cut = next(i for i in range(2, 12) if pieces[i] not in "".join(pieces[:i]))  # a token whose text is new there
+    lines = [{"prompt": "The dog", "stop": [pieces[cut], "never"]}, {"prompt": "The dog", "stop": None},
+             {"prompt": ""}, {"prompt": "naïve café <|endoftext|>", "top_logprobs": 2}]
+    code, outputs, err = batch(capsys, tmp_path, lines, "random-tiny", "--max-new-tokens", "12",
+                               "--temperature", "1", "--seed", "0", "--stop", "x")
+    assert code == 0, err
+    for line, output in zip(lines, outputs):
+        result = minigpt.generate(model, minigpt.encode(tokenizer, line["prompt"]), 12, temperature=1.0, seed=0,
+                                  stop=line.get("stop", ["x"]), top_logprobs=line.get("top_logprobs", 0))
+        assert_same(output, result)
+        assert output["text"] == generated_text(tokenizer, result)
+    assert outputs[0]["finish_reason"] == "stop" and outputs[0]["text"] == "".join(pieces[:cut])
+    assert outputs[1]["text"] == "".join(pieces)  # null: no stop strings, not even --stop's
+    assert outputs[2]["prompt_ids"] == [model.config.eos_token_id]
+    assert tokenizer.decode(outputs[3]["prompt_ids"]) == "naïve café <|endoftext|>"  # the literal is text
+
+
+# The real command: stdin, stdout, Ctrl-C
+
+def command(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "minigpt", "batch", *argv]
+
+
+def test_stdin_to_stdout_with_dashes(tmp_path, tokenizer):
+    lines = "".join(json.dumps({"id": f"p{i}", "prompt_ids": [i + 1]}) + "\n" for i in range(3))
+    for argv in (["-"], ["-", "-o", "-"]):
+        done = subprocess.run(command(*argv, "--model", "random-tiny", "--max-new-tokens", "4"),
+                              input=lines, capture_output=True, text=True, env=environment(tmp_path / "hf"),
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        outputs = [json.loads(line) for line in done.stdout.splitlines()]
+        assert [(o["id"], len(o["tokens"])) for o in outputs] == [("p0", 4), ("p1", 4), ("p2", 4)]
+        assert SUMMARY.search(done.stderr)[1] == "3"
+
+
+def test_a_bad_line_on_stdin_is_named_as_stdin(tmp_path, tokenizer):
+    done = subprocess.run(command("-", "--model", "random-tiny"), input='{"prompt_ids": [1]}\n{}\n',
+                          capture_output=True, text=True, env=environment(tmp_path / "hf"), timeout=120)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == 'error: stdin line 2: a line needs exactly one of "prompt" (text) and "prompt_ids" ' \
+                          "(token ids)\n"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT cannot be sent to one process on Windows")
+def test_ctrl_c_exits_130_and_every_line_written_is_whole_json(tmp_path, tokenizer):
+    source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [i + 1] * 5} for i in range(64)])
+    stdout = tmp_path / "stdout"
+    with open(stdout, "wb") as out:
+        process = subprocess.Popen(
+            command(str(source), "--model", "random-tiny", "--max-new-tokens", "250", "--no-stop",
+                    "--max-batch-size", "2"),
+            stdout=out, stderr=subprocess.PIPE, env=environment(tmp_path / "hf"),
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even if our SIGINT is ignored
+        )
+        deadline = time.monotonic() + 60
+        while stdout.read_bytes().count(b"\n") < 2:  # some lines written, many to come
+            assert process.poll() is None, f"ended before the signal: {process.stderr.read()!r}"
+            assert time.monotonic() < deadline, "no two lines within 60 s"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert b"Traceback" not in err and b"error" not in err
+    written = stdout.read_text()
+    assert written.endswith("\n")
+    outputs = [json.loads(line) for line in written.splitlines()]
+    assert 2 <= len(outputs) < 64
+    assert [o["id"] for o in outputs] == list(range(1, len(outputs) + 1))
+    assert all(len(o["tokens"]) == 250 for o in outputs)
