@@ -11,9 +11,9 @@ import os
 import sys
 
 from ..errors import MinigptError
-from . import cost, generate, prove, staircase
+from . import cost, generate, prove, score, staircase
 
-COMMANDS = (generate, prove, staircase, cost)
+COMMANDS = (generate, score, prove, staircase, cost)
 
 
 class Parser(argparse.ArgumentParser):
