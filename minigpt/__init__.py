@@ -6,10 +6,11 @@
     result = minigpt.generate(model, ids, max_new_tokens=20)
     print(model.tokenizer.decode(result.tokens))
     results = minigpt.generate_batch(model, [ids, ids[:1]], max_new_tokens=20)   # together, each as if alone
+    logprobs = minigpt.score(model, ids)             # log P(ids[i] | ids[:i]) for i >= 1
 
 The modules, bottom to top, are the chapters: errors, kernels, config, params, kv_cache, layers,
 paging, tokenizer, safetensors_format, checkpoint, model, loading, sampling, sequence, speculative,
-generate, batching, causal_proof, cost, staircase, cli.
+generate, scoring, batching, causal_proof, cost, staircase, cli.
 """
 
 from . import errors
@@ -20,8 +21,9 @@ from .generate import generate, stream
 from .kv_cache import KVCache, new_cache
 from .loading import load
 from .model import Model, Trace, forward
+from .scoring import score
 from .sequence import GenerationResult, StreamedToken
 from .tokenizer import encode, gpt2_tokenizer
 
 __all__ = ["GPT2Config", "GenerationResult", "KVCache", "MinigptError", "Model", "StreamedToken", "Trace", "encode",
-           "errors", "forward", "generate", "generate_batch", "gpt2_tokenizer", "load", "new_cache", "stream"]
+           "errors", "forward", "generate", "generate_batch", "gpt2_tokenizer", "load", "new_cache", "score", "stream"]

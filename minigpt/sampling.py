@@ -69,6 +69,12 @@ def log_normalizer(logits: np.ndarray) -> float:
     return float(top) + float(np.log(np.exp(logits - top).sum(dtype=np.float64)))
 
 
+def token_log_prob(logits: np.ndarray, token: int) -> float:
+    """log P(token) under one row of float32 logits [vocab]: log_softmax(logits)[token], bit for bit,
+    without building the whole row. `generate` reports it for each new token, `score` for each text token."""
+    return float(logits[token]) - log_normalizer(logits)
+
+
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """float64 log-probabilities [vocab] of the model's raw distribution (no temperature, top-k or
     top-p): the numbers `generate` reports and `score` computes, both by this function."""

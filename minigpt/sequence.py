@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import ContextLengthError, InputError, check_int
 from .model import Model, check_ids
-from .sampling import SamplingOptions, log_normalizer, log_softmax, next_token, top_log_probs
+from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
 
 FINISH_REASONS = ("eos", "length", "stop")
 
@@ -176,9 +176,8 @@ class Sequence:
         """Record a new token, chosen from `logits` (its row [vocab]), and end the sequence if it must."""
         if self.done:
             raise RuntimeError("append to a finished sequence")
-        normalizer = log_normalizer(logits)
         self.tokens.append(token)
-        self.logprobs.append(float(logits[token]) - normalizer)  # = log_softmax(logits)[token], cheaply
+        self.logprobs.append(token_log_prob(logits, token))
         if self.request.top_logprobs:
             self.top_logprobs.append(top_log_probs(log_softmax(logits), self.request.top_logprobs))
         self.seconds.append(seconds)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import tiktoken
@@ -86,6 +87,29 @@ def gpt2_tokenizer(directory: str | Path | None = None) -> tiktoken.Encoding:
         ) from None
 
 
+# Bytes that are not UTF-8, as Python keeps them in a str (sys.argv, os.fsdecode: errors="surrogateescape").
+SURROGATE_ESCAPES = re.compile("([\udc80-\udcff]+)")
+
+
 def encode(tokenizer: tiktoken.Encoding, text: str) -> list[int]:
-    """Encode text; a literal "<|endoftext|>" in it is ordinary text, never the special token."""
-    return tokenizer.encode(text, disallowed_special=())
+    """Encode text; a literal "<|endoftext|>" in it is ordinary text, never the special token.
+
+    Undecodable bytes that Python carries as surrogate escapes (a command line's, a file name's)
+    are encoded as themselves, one byte token each, so the ids hold the bytes given. tiktoken alone
+    would turn them into U+FFFD, as it still does with any other lone surrogate.
+    """
+    ids = []
+    for i, part in enumerate(SURROGATE_ESCAPES.split(text)):  # text, escaped bytes, text, ...
+        if i % 2:
+            ids += [tokenizer.encode_single_token(bytes([b])) for b in part.encode("utf-8", "surrogateescape")]
+        elif part:
+            ids += tokenizer.encode(part, disallowed_special=())
+    return ids
+
+
+def valid_text(text: str) -> str:
+    """`text` as valid Unicode: its surrogate escapes decoded as UTF-8 decoders do bad bytes, and any
+    other lone surrogate, to U+FFFD. What `tokenizer.decode(encode(tokenizer, text))` gives back."""
+    return "".join(part.encode("utf-8", "surrogateescape").decode("utf-8", "replace") if i % 2
+                   else part.encode("utf-16", "surrogatepass").decode("utf-16", "replace")  # as tiktoken does
+                   for i, part in enumerate(SURROGATE_ESCAPES.split(text)))

@@ -32,10 +32,10 @@ def bpe_tables(tokenizer):
     """Every command here tokenizes: skip (saying how to fix it) when GPT-2's BPE tables are missing."""
 
 
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """`python -m minigpt generate ARGV` in-process: exit code, stdout, stderr."""
+def cli(capsys, *argv: str, command: str = "generate") -> tuple[int, str, str]:
+    """`python -m minigpt COMMAND ARGV` in-process: exit code, stdout, stderr."""
     try:
-        code = main(["generate", *argv])
+        code = main([command, *argv])
     except SystemExit as e:  # argparse's usage errors
         code = e.code
     out, err = capsys.readouterr()
@@ -111,7 +111,7 @@ def test_a_pickle_checkpoint_is_refused_unopened_by_the_real_command(tmp_path):
 @pytest.mark.parametrize("option, value", [
     ("--temperature", "-1"), ("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "0"),
     ("--top-p", "1.5"), ("--top-k", "0"), ("--top-k", "2.5"), ("--max-new-tokens", "-1"), ("--seed", "-1"),
-    ("--kernels", "fastest"),
+    ("--kernels", "fastest"), ("--top-logprobs", "-1"), ("--draft-tokens", "0"),
 ])
 def test_a_bad_option_is_a_usage_error_naming_it(capsys, option, value):
     assert_error(cli(capsys, "hi", "--model", "random-tiny", option, value), [f"argument {option}", value],
@@ -139,6 +139,23 @@ def test_prompt_plus_new_tokens_beyond_the_context_is_refused_stating_the_limit(
                  ["300 new tokens", "256 (n_positions)"])
 
 
+def test_speculation_without_the_cache_is_a_usage_error(capsys):
+    assert_error(cli(capsys, "hi", "--model", "random-tiny", "--speculate", "ngram", "--no-cache"),
+                 ["--no-cache", "not allowed with", "--speculate"], exit_code=2)
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(capsys):
+    draft = str(REPO / "tests" / "fixtures" / "float32")
+    assert_error(cli(capsys, "hi", "--model", "random-tiny", "--speculate", draft),
+                 ["draft model's vocabulary has 384 tokens", "50257"])
+
+
+@pytest.mark.parametrize("stop, names", [("", ["stop string must not be empty"]),
+                                         ("\udcff", ["stop string", "not valid Unicode"])])
+def test_a_bad_stop_string_is_refused(capsys, stop, names):
+    assert_error(cli(capsys, "hi", "--model", "random-tiny", "--stop", stop), names)
+
+
 def generate_json(capsys, *argv: str) -> dict:
     code, out, err = cli(capsys, *argv, "--model", "random-tiny", "--json")
     assert code == 0 and err == "", err
@@ -163,6 +180,35 @@ def test_a_literal_endoftext_and_any_unicode_are_text(capsys, tokenizer, prompt)
     assert EOT not in result["prompt_ids"] and tokenizer.decode(result["prompt_ids"]) == prompt
     code, out, err = cli(capsys, prompt, "--model", "random-tiny", "--max-new-tokens", "2")
     assert code == 0 and out.startswith(prompt) and err == ""
+
+
+# score
+
+def score(capsys, *argv: str) -> tuple[int, str, str]:
+    return cli(capsys, *argv, command="score")
+
+
+@pytest.mark.parametrize("argv, names", [
+    ((), ["one of the arguments TEXT --file is required"]),
+    (("hi", "--file", "x.txt"), ["argument --file: not allowed with argument TEXT"]),
+    (("hi", "--stride", "0"), ["argument --stride", "must be >= 1, got 0"]),
+])
+def test_score_usage_errors(capsys, argv, names):
+    assert_error(score(capsys, *argv, "--model", "random-tiny"), names, exit_code=2)
+
+
+def test_score_refuses_what_it_cannot_score(capsys, tmp_path):
+    assert_error(score(capsys, "", "--model", "random-tiny"), ["at least 2 tokens", "got 0"])
+    assert_error(score(capsys, "Hello", "--model", "random-tiny"), ["at least 2 tokens", "got 1"])
+    assert_error(score(capsys, "a b c", "--model", "random-tiny", "--stride", "256"),
+                 ["stride must be an integer in 1..255", "got 256"])
+    missing, latin1 = tmp_path / "missing.txt", tmp_path / "latin1.txt"
+    latin1.write_bytes("café".encode("latin-1"))
+    assert_error(score(capsys, "--file", str(missing), "--model", "random-tiny"),
+                 [f"cannot read --file '{missing}'", "No such file"])
+    assert_error(score(capsys, "--file", str(tmp_path), "--model", "random-tiny"), ["cannot read --file"])
+    assert_error(score(capsys, "--file", str(latin1), "--model", "random-tiny"),
+                 [f"--file '{latin1}' is not UTF-8 text", "byte 3 is 0xe9"])
 
 
 # Ctrl-C

@@ -22,7 +22,7 @@ from tiktoken_ext import openai_public
 
 import minigpt
 from minigpt.errors import TokenizerError
-from minigpt.tokenizer import ENDOFTEXT, gpt2_tokenizer
+from minigpt.tokenizer import ENDOFTEXT, gpt2_tokenizer, valid_text
 
 EOT = 50256
 # The regex's cases (contractions, letters, digits, other, whitespace runs) and the special token's text.
@@ -106,6 +106,26 @@ def test_any_text_encodes_as_tiktoken_gpt2_and_round_trips(tokenizer, reference,
     ids = minigpt.encode(tokenizer, text)
     assert ids == reference.encode_ordinary(text)
     assert tokenizer.decode(ids) == text
+
+
+@given(st.binary(max_size=40) | st.lists(st.sampled_from([b"\xff", b"\xe4\xb8", b"\xc3\xa9", b" dog", b"\x00"]),
+                                        max_size=10).map(b"".join))
+def test_undecodable_bytes_carried_as_surrogate_escapes_are_encoded_as_themselves(tokenizer, data):
+    """Property: for any bytes, as Python hands them over in a str (sys.argv: errors="surrogateescape"),
+    the ids spell exactly those bytes; and the valid text shown for them is what the ids decode to."""
+    text = data.decode("utf-8", errors="surrogateescape")
+    ids = minigpt.encode(tokenizer, text)
+    assert tokenizer.decode_bytes(ids) == data
+    assert tokenizer.decode(ids) == valid_text(text) == data.decode("utf-8", errors="replace")
+
+
+@given(st.text(st.characters() | st.integers(0xD800, 0xDFFF).map(chr)))
+def test_any_lone_surrogate_encodes_without_error_and_decodes_as_valid_text(tokenizer, text):
+    """Property: text holding any surrogates (escapes or not, paired or lone) encodes, and decodes to
+    valid_text(text), which is valid Unicode."""
+    decoded = tokenizer.decode(minigpt.encode(tokenizer, text))
+    assert decoded == valid_text(text)
+    decoded.encode("utf-8")  # strict: no surrogate left
 
 
 @pytest.mark.parametrize("text", [ENDOFTEXT, f"The dog{ENDOFTEXT}", f"{ENDOFTEXT}\n{ENDOFTEXT} end"])

@@ -11,10 +11,10 @@ import os
 import sys
 
 from ..errors import MinigptError
-from . import batch, cost, generate, prove, staircase
+from . import batch, cost, generate, prove, score, staircase
 from .common import UsageError
 
-COMMANDS = (generate, batch, prove, staircase, cost)
+COMMANDS = (generate, batch, score, prove, staircase, cost)
 
 
 class Parser(argparse.ArgumentParser):

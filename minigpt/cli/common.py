@@ -63,7 +63,8 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end before this text; the text is left out (repeatable: the first found ends)")
     p.add_argument("--top-logprobs", type=non_negative_int, default=0, metavar="N",
-                   help="also report the N most likely tokens at each step with their log-probabilities")
+                   help="also record the N most likely tokens at each step with their log-probabilities "
+                        "(in JSON output)")
 
 
 def print_json(document: dict) -> None:

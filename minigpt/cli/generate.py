@@ -7,8 +7,10 @@ import codecs
 import sys
 
 from ..generate import generate, stream
-from .common import (add_model_options, encode_prompt, load_model, non_negative_float, non_negative_int,
-                     positive_int, print_json, probability)
+from ..loading import load
+from ..sequence import GenerationResult, generated_text
+from ..tokenizer import valid_text
+from .common import add_model_options, add_sampling_options, encode_prompt, load_model, positive_int, print_json
 
 
 def add_parser(sub) -> None:
@@ -18,16 +20,14 @@ def add_parser(sub) -> None:
                                    "in the prompt is encoded as ordinary text.")
     p.add_argument("prompt", help="the text to continue")
     add_model_options(p)
-    p.add_argument("--max-new-tokens", type=non_negative_int, default=40,
-                   help="at most this many new tokens (default 40)")
-    p.add_argument("--temperature", type=non_negative_float, default=0.0,
-                   help="0 is greedy (default); higher samples more freely")
-    p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=probability, default=None,
-                   help="sample among the smallest set holding this probability")
-    p.add_argument("--seed", type=non_negative_int, default=None, help="a seed makes sampling reproducible")
-    p.add_argument("--no-cache", action="store_true", help="the naive loop: rerun the whole sequence every step")
-    p.add_argument("--no-stop", action="store_true", help="keep going past <|endoftext|>")
+    add_sampling_options(p)
+    loop = p.add_mutually_exclusive_group()
+    loop.add_argument("--no-cache", action="store_true", help="the naive loop: rerun the whole sequence every step")
+    loop.add_argument("--speculate", metavar="ngram|SRC",
+                      help="speculative decoding: guess tokens by prompt lookup (ngram) or with a draft model "
+                           "(SRC, loaded with the same --kernels) and check them in one forward; same tokens")
+    p.add_argument("--draft-tokens", type=positive_int, default=4, metavar="K",
+                   help="with --speculate: at most K guesses per step (default 4)")
     p.add_argument("--truncate-prompt", action="store_true",
                    help="if prompt + new tokens exceed the context, keep only the prompt's last tokens")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of streaming text")
@@ -37,23 +37,50 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     tokenizer = model.tokenizer
-    ids = encode_prompt(model, args.prompt)
+    ids = encode_prompt(model, args.prompt)  # undecodable bytes in the argument are kept as byte tokens
+    speculate = None
+    if args.speculate is not None:
+        speculate = "ngram" if args.speculate == "ngram" else load(args.speculate, kernels=args.kernels)
     options = dict(use_cache=not args.no_cache, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop,
-                   truncate_prompt=args.truncate_prompt)
+                   top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop, stop=args.stop,
+                   top_logprobs=args.top_logprobs, truncate_prompt=args.truncate_prompt,
+                   speculate=speculate, draft_tokens=args.draft_tokens)
     if args.json:
-        result = generate(model, ids, args.max_new_tokens, **options)
-        print_json({"model": args.model, "kernels": args.kernels, "use_cache": result.use_cache,
-                    "prompt": args.prompt, "prompt_ids": result.prompt_ids, "tokens": result.tokens,
-                    "text": tokenizer.decode(result.tokens),
-                    "step_ms": [round(s * 1e3, 3) for s in result.step_seconds]})
+        print_json(as_json(generate(model, ids, args.max_new_tokens, **options), tokenizer, args))
         return 0
     tokens = stream(model, ids, args.max_new_tokens, **options)  # checks everything before printing
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
-    sys.stdout.write(args.prompt)
+    sys.stdout.write(valid_text(args.prompt))
     sys.stdout.flush()
-    for token in tokens:
+    for token in tokens:  # with stop strings, a token comes only once it cannot be part of one
         sys.stdout.write(text.decode(tokenizer.decode_single_token_bytes(token.token)))
         sys.stdout.flush()
     sys.stdout.write(text.decode(b"", final=True) + "\n")
     return 0
+
+
+def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace) -> dict:
+    """The run as one JSON document: every option that shaped it, then what it produced."""
+    def token_text(token: int) -> str:
+        return tokenizer.decode_single_token_bytes(token).decode("utf-8", errors="replace")
+
+    document = {
+        "model": args.model, "kernels": args.kernels, "use_cache": result.use_cache,
+        "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+        "max_new_tokens": args.max_new_tokens, "stop": args.stop or [], "stop_at_eos": not args.no_stop,
+        "truncate_prompt": args.truncate_prompt, "speculate": args.speculate,
+    }
+    if args.speculate is not None:
+        document.update(draft_tokens=args.draft_tokens, drafted=result.drafted, accepted=result.accepted)
+    document.update({
+        "finish_reason": result.finish_reason,
+        "prompt": valid_text(args.prompt),  # undecodable bytes replaced; prompt_ids hold them
+        "prompt_ids": result.prompt_ids, "tokens": result.tokens,
+        "text": generated_text(tokenizer, result),  # without the <|endoftext|> that ended it
+        "logprobs": result.logprobs,
+    })
+    if result.top_logprobs is not None:
+        document["top_logprobs"] = [[{"id": t, "token": token_text(t), "logprob": lp} for t, lp in step]
+                                    for step in result.top_logprobs]
+    document["step_ms"] = [round(s * 1e3, 3) for s in result.step_seconds]
+    return document

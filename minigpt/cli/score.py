@@ -1,0 +1,79 @@
+"""`score TEXT` or `score --file PATH`: the log-probability of every token of a text, and its perplexity."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..model import Model
+from ..scoring import check_stride, score
+from .common import add_model_options, encode_prompt, load_model, positive_int, print_json
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("score", help="log-probability and perplexity of a text",
+                       description="Score a text: for every token after the first, its log-probability (in "
+                                   "nats) given the tokens before it; then their total, mean, and the perplexity "
+                                   "exp(-mean). A text longer than the context is scored in windows of n_positions "
+                                   "tokens advancing by --stride, each token once (docs/sampling.md).")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("text", nargs="?", metavar="TEXT", help="the text to score")
+    source.add_argument("--file", type=Path, metavar="PATH", help="score this UTF-8 text file instead")
+    add_model_options(p)
+    p.add_argument("--stride", type=positive_int, default=None, metavar="N",
+                   help="for texts longer than the context: windows start every N tokens "
+                        "(1 .. n_positions - 1; default n_positions // 2)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    text = args.text if args.file is None else read_text(args.file)
+    model = load_model(args)
+    ids = encode_prompt(model, text)
+    document = as_json(args, model, ids, score(model, ids, args.stride))
+    if args.json:
+        print_json(document)
+    else:
+        print(report(document))
+    return 0
+
+
+def as_json(args: argparse.Namespace, model: Model, ids: list[int], logprobs: np.ndarray) -> dict:
+    """The scores and their summary; logprobs[i] belongs to tokens[i + 1]."""
+    total = float(logprobs.sum())
+    mean = total / logprobs.size
+    with np.errstate(over="ignore"):
+        perplexity = float(np.exp(-mean))  # inf only for a mean below -709 nats, far beyond any real model
+    return {"model": args.model, "kernels": args.kernels, "stride": check_stride(args.stride, model.config.n_positions),
+            "n_positions": model.config.n_positions, "tokens": ids,
+            "token_texts": [model.tokenizer.decode_single_token_bytes(t).decode("utf-8", errors="replace")
+                            for t in ids],
+            "logprobs": logprobs.tolist(), "total_logprob": total, "mean_logprob": mean, "perplexity": perplexity}
+
+
+def report(d: dict) -> str:
+    """A row per token (its text as a Python string literal: newlines and control characters escaped)."""
+    n, windows = len(d["tokens"]), d["n_positions"]
+    lines = [f"{d['model']} ({d['kernels']} kernels): {n} tokens, {n - 1} scored (the first is only context)"
+             + (f"; windows of {windows} tokens every {d['stride']}" if n > windows else ""),
+             "", f"{'i':>6}{'id':>7}  {'token':<24}{'logprob':>10}"]
+    for i, (token, text, logprob) in enumerate(zip(d["tokens"], d["token_texts"], [None, *d["logprobs"]])):
+        lines.append(f"{i:>6}{token:>7}  {text!r:<24}{'-' if logprob is None else f'{logprob:.4f}':>10}")
+    lines += ["", f"total log-probability {d['total_logprob']:.4f} nats",
+              f"mean per token        {d['mean_logprob']:.4f}", f"perplexity            {d['perplexity']:.4g}"]
+    return "\n".join(lines)
+
+
+def read_text(path: Path) -> str:
+    """The file's text, or one line saying why it cannot be read."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise InputError(f"cannot read --file {str(path)!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"--file {str(path)!r} is not UTF-8 text: byte {e.start} is {e.object[e.start]:#04x}; "
+                         "score a UTF-8 text file") from None
