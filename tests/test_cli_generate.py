@@ -152,6 +152,13 @@ def test_json_text_leaves_out_the_end_of_text_that_ended_it(capsys, tmp_path, to
     assert document["text"] == tokenizer.decode(tokens[:-1]) and "<|endoftext|>" not in document["text"]
 
 
+def test_streamed_text_leaves_out_the_end_of_text_that_ended_it(capsys, tmp_path, tokenizer):
+    args = ["Once", "--model", str(ends_early(tmp_path)), "--temperature", "1", "--seed", "0", "--max-new-tokens", "30"]
+    document = generate_json(capsys, *args)
+    code, streamed, err = cli(capsys, *args)
+    assert code == 0 and document["finish_reason"] == "eos" and streamed == "Once" + document["text"] + "\n"
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="Windows command lines are text, not bytes")
 def test_a_prompt_with_undecodable_bytes_is_replaced_in_the_json_and_kept_in_the_ids(tmp_path, tokenizer):
     """Bytes that are not UTF-8 in the real command line: `prompt` shows U+FFFD, `prompt_ids` are

@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write(valid_text(args.prompt))
     sys.stdout.flush()
     for token in tokens:  # with stop strings, a token comes only once it cannot be part of one
+        if token.token == model.config.eos_token_id and not args.no_stop:
+            break  # the <|endoftext|> that ends the text is not part of it
         sys.stdout.write(text.decode(tokenizer.decode_single_token_bytes(token.token)))
         sys.stdout.flush()
     sys.stdout.write(text.decode(b"", final=True) + "\n")
