@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -85,18 +85,26 @@ def plot_latencies(series: dict[str, list[float]], path: str | Path, title: str,
                    floor: tuple[str, float] | None = None) -> None:
     """A PNG of milliseconds per generated token, one line per labelled series starting at `first_token`,
     and optionally a (label, ms) floor as a dashed line. scripts/benchmark.py draws its plot with it too."""
+    plot_lines({label: (range(first_token, first_token + len(ms)), ms) for label, ms in series.items()}, path,
+               title, xlabel="generated token", ylabel="wall time of that token (ms)", floor=floor)
+
+
+def plot_lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], path: str | Path, title: str, *,
+               xlabel: str, ylabel: str, floor: tuple[str, float] | None = None) -> None:
+    """A PNG of one line per labelled (x values, y values) series, y from 0, and optionally a (label, y)
+    floor as a dashed line. The latency plots use it, and scripts/benchmark.py's tokens/s against B."""
     require_matplotlib()
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
 
     fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
     ax = fig.add_subplot()
-    for label, ms in series.items():
-        ax.plot(range(first_token, first_token + len(ms)), ms, "o-", markersize=2, linewidth=1, label=label)
+    for label, (x, y) in series.items():
+        ax.plot(x, y, "o-", markersize=2, linewidth=1, label=label)
     if floor is not None:
-        label, ms = floor
-        ax.axhline(ms, color="black", linestyle="--", linewidth=1, label=label)
-    ax.set_xlabel("generated token")
-    ax.set_ylabel("wall time of that token (ms)")
+        label, y = floor
+        ax.axhline(y, color="black", linestyle="--", linewidth=1, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)

@@ -1,0 +1,197 @@
+"""batching: aggregate tokens/s of B sequences decoded together (issue 8), against transformers.
+
+B = 1, 2, 4, 8, 16, 32 different 16-token prompts, 32 new tokens each, greedy, never stopping at
+end of text: minigpt.generate_batch with the exact and the fast kernels, and transformers' batched
+`generate` (left-padded, attention mask, use_cache) on the same weights with the same thread count.
+tokens/s = B x 32 / wall time of the whole call, the prefill included. Every exact row is compared
+with generating its prompt alone. The exact kernels' one-row decode is also timed against the
+commit before their rewrite (PREVIOUS), each tree imported in its own child process.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from minigpt.batching import generate_batch
+from minigpt.generate import generate
+from minigpt.staircase import plot_lines
+
+from .common import (REPEATS, ROOT, Report, RunInfo, Target, floor_ms, interleaved, log, minigpt_engines,
+                     random_124m, targets_table, timed, transformers, transformers_row)
+
+TITLE, DOC, BLOCK = "Batching", "batching.md", "batching"
+BATCH_SIZES = (1, 2, 4, 8, 16, 32)
+PROMPT_TOKENS, NEW_TOKENS = 16, 32
+PREVIOUS = "4a66059"  # the commit before the exact kernels' rewrite: issue 8's "today"
+PREVIOUS_PROMPT, PREVIOUS_TOKENS = 16, 64  # as the decode section
+WORKER = Path(__file__).with_name("decode_worker.py")
+
+
+class DecodeWorker:
+    """A child process that imports minigpt from `tree` and times one-row cached decode when asked."""
+
+    def __init__(self, tree: Path):
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER), str(PREVIOUS_PROMPT), str(PREVIOUS_TOKENS)], text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(tree)})
+
+    def measure(self) -> dict:
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the decode worker for {WORKER} exited with {self.process.wait()}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def extract_previous(directory: str) -> Path | None:
+    """PREVIOUS's minigpt package, extracted into `directory` with git archive; None without git or the commit."""
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", PREVIOUS, "minigpt"], capture_output=True)
+    except FileNotFoundError:
+        archive = None
+    if archive is None or archive.returncode:
+        log(f"batching: commit {PREVIOUS} not available (no git, or not this repository's history): "
+            "its decode is not measured")
+        return None
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(directory, filter="data")
+    return Path(directory)
+
+
+def previous_decode() -> dict[str, dict] | None:
+    """One-row decode of this tree and of PREVIOUS, each in a child process, in interleaved rounds:
+    tree -> the best round's {"ms", "tokens", "minigpt"}; None when PREVIOUS is not available."""
+    with tempfile.TemporaryDirectory() as directory, ExitStack() as stack:
+        previous = extract_previous(directory)
+        if previous is None:
+            return None
+        trees = {"this tree": ROOT, PREVIOUS: previous}
+        workers = {name: DecodeWorker(tree) for name, tree in trees.items()}
+        for worker in workers.values():
+            stack.callback(worker.close)
+        rounds = interleaved({name: worker.measure for name, worker in workers.items()})
+    for name, results in rounds.items():  # an installed minigpt must not have stood in for the tree
+        if not Path(results[0]["minigpt"]).is_relative_to(trees[name]):
+            raise RuntimeError(f"the decode worker for {name} imported {results[0]['minigpt']}, not {trees[name]}'s")
+    return {name: min(results, key=lambda r: r["ms"]) for name, results in rounds.items()}
+
+
+def run() -> Report:
+    info = RunInfo()
+    model, hf = random_124m(), transformers()
+    floor = floor_ms()
+    rng = np.random.default_rng(1)
+    prompts = rng.integers(model.config.vocab_size, size=(max(BATCH_SIZES), PROMPT_TOKENS)).tolist()
+    engines = minigpt_engines()
+    for m in engines.values():
+        generate_batch(m, prompts[:2], 2, stop_at_eos=False)  # warm-up
+
+    log("batching: each prompt alone ...")
+    alone = [generate(model, p, NEW_TOKENS, stop_at_eos=False).tokens for p in prompts]
+
+    log("batching: batches ...")
+
+    def minigpt_batch(m, b):
+        results, seconds = timed(lambda: generate_batch(m, prompts[:b], NEW_TOKENS, stop_at_eos=False))
+        return [r.tokens for r in results], seconds, statistics.median(results[0].step_seconds[1:])
+
+    def hf_batch(b):
+        tokens, seconds = timed(lambda: hf.batch(prompts[:b], NEW_TOKENS))
+        return tokens, seconds, None
+
+    runs = {}
+    for b in BATCH_SIZES:
+        for name, m in engines.items():
+            runs[name, b] = lambda m=m, b=b: minigpt_batch(m, b)
+        if hf is not None:
+            runs["transformers", b] = lambda b=b: hf_batch(b)
+    rounds = interleaved(runs)
+    names = [*engines, *(["transformers"] if hf is not None else [])]
+    tps = {(n, b): b * NEW_TOKENS / min(s for _, s, _ in results) for (n, b), results in rounds.items()}
+    step_ms = {(n, b): min(ms for _, _, ms in results) * 1e3 for (n, b), results in rounds.items() if n in engines}
+    equal = {(n, b): sum(all(tokens[i] == alone[i] for tokens, _, _ in results) for i in range(b))
+             for (n, b), results in rounds.items()}
+
+    log(f"batching: one-row decode, this tree against {PREVIOUS} ...")
+    previous = previous_decode()
+
+    targets = batching_targets(tps, step_ms, equal, floor, previous, hf is not None)
+    lines = [*info.header(transformers_row(hf)),
+             f"### Results (best of {REPEATS} interleaved rounds; random-124m, float32; {PROMPT_TOKENS}-token "
+             f"prompts, {NEW_TOKENS} new tokens each, greedy)", "",
+             f"tokens/s = B × {NEW_TOKENS} / wall time of the whole call (prefill included). The decode step is "
+             f"the median wall time of steps 2 to {NEW_TOKENS} (all B rows together).", "",
+             "| B | " + " | ".join(f"{n} tokens/s | ÷ B=1" for n in names)
+             + (" | exact ÷ transformers" if hf is not None else "")
+             + " | exact decode step, ms | fast decode step, ms | rows equal to exact alone ("
+             + " · ".join(n.removeprefix("minigpt ") for n in names) + ") |",
+             "| ---: |" + " ---: | ---: |" * len(names) + " ---: |" * (hf is not None) + " ---: | ---: | ---: |"]
+    for b in BATCH_SIZES:
+        cells = [f"{tps[n, b]:,.1f} | {tps[n, b] / tps[n, 1]:.2f}x" for n in names]
+        if hf is not None:
+            cells.append(f"{tps['minigpt exact', b] / tps['transformers', b]:.2f}x")
+        cells += [f"{step_ms['minigpt exact', b]:.1f}", f"{step_ms['minigpt fast', b]:.1f}",
+                  " · ".join(f"{equal[n, b]}/{b}" for n in names)]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if previous is not None:
+        now, before = previous["this tree"], previous[PREVIOUS]
+        lines.append(
+            f"One-row decode ({PREVIOUS_PROMPT}-token prompt, median of {PREVIOUS_TOKENS - 1} steps, exact kernels, "
+            f"best of {REPEATS} interleaved rounds, each tree in its own process): this tree {now['ms']:.2f} ms/token, "
+            f"commit {PREVIOUS} (before the kernel rewrite) {before['ms']:.2f} ms/token: "
+            f"**{now['ms'] / before['ms']:.2f}x**; same tokens: {'yes' if now['tokens'] == before['tokens'] else 'no'}. "
+            f"The old tree is a copy of its minigpt/ made with git archive.")
+    lines.append(f"Bandwidth floor {floor:.2f} ms/token (see the decode section in benchmarks.md for how it is "
+                 f"measured); exact B=1 decode step {step_ms['minigpt exact', 1]:.2f} ms = "
+                 f"{step_ms['minigpt exact', 1] / floor:.2f}x the floor.")
+    lines += ["", "### Targets", "", *targets_table(targets)]
+
+    def plot(path: Path) -> None:
+        series = {n: (BATCH_SIZES, [tps[n, b] for b in BATCH_SIZES]) for n in names}
+        title = ("Aggregate tokens/s against batch size, GPT-2-small shapes\n"
+                 f"({PROMPT_TOKENS}-token prompts, {NEW_TOKENS} new tokens each, prefill included; scripts/benchmark.py)")
+        plot_lines(series, path, title, xlabel="batch size B (different prompts)", ylabel="tokens/s (all rows)")
+
+    return Report(info, "\n".join(lines), targets, {"batching.png": plot})
+
+
+def batching_targets(tps: dict, step_ms: dict, equal: dict, floor: float, previous: dict | None,
+                     with_hf: bool) -> list[Target]:
+    """Issue 8's targets."""
+    exact, fast = "minigpt exact", "minigpt fast"
+    rows = []
+    ratio = tps[exact, 16] / tps[exact, 1]
+    rows.append(("exact at B=16 >= 3.5x exact at B=1 (tokens/s)", f"{ratio:.2f}x", ratio >= 3.5))
+    if with_hf:
+        ratio = tps[exact, 16] / tps["transformers", 16]
+        rows.append(("exact at B=16 >= 1.2x transformers at B=16 (tokens/s)", f"{ratio:.2f}x", ratio >= 1.2))
+    ratio = tps[fast, 16] / tps[fast, 1]
+    rows.append(("fast at B=16 >= 5x fast at B=1 (tokens/s)", f"{ratio:.2f}x", ratio >= 5))
+    ratio = step_ms[exact, 1] / floor
+    rows.append(("exact B=1 decode step <= 1.15x the bandwidth floor", f"{ratio:.2f}x", ratio <= 1.15))
+    if previous is not None:
+        ratio = previous["this tree"]["ms"] / previous[PREVIOUS]["ms"]
+        rows.append((f"exact one-row decode <= 1.05x commit {PREVIOUS}'s (before the rewrite)", f"{ratio:.2f}x",
+                     ratio <= 1.05))
+    same = sum(n for (name, _), n in equal.items() if name == exact)
+    rows_total = sum(b for (name, b) in equal if name == exact)
+    rows.append(("every exact row's tokens equal its prompt generated alone (all rounds)",
+                 f"{same}/{rows_total} rows", same == rows_total))
+    return rows

@@ -1,0 +1,148 @@
+"""decode: one sequence, minigpt (exact and fast kernels) against transformers and the bandwidth floor.
+
+- cached decode ms/token: the same prompt and number of tokens, greedy, the same thread count;
+- the bandwidth floor: bytes of weight matrices read per decoded token / read bandwidth measured here;
+- prefill tokens/s (512 tokens), exact vs fast (and transformers);
+- flatness: median of the last 16 / first 16 cached steps after a 512-token prompt;
+- the naive loop's time for token 1 and token 40 from a one-token prompt.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from minigpt.generate import generate
+from minigpt.model import Model
+from minigpt.staircase import fixed_prompt, plot_latencies
+
+from .common import (REPEATS, Report, RunInfo, Target, Transformers, bandwidth_note, floor_ms, interleaved, log,
+                     minigpt_engines, random_124m, targets_table, transformers, transformers_row)
+
+TITLE, DOC, BLOCK = "Decode, prefill and the naive loop", "benchmarks.md", ""
+DECODE_PROMPT, DECODE_TOKENS = 16, 64  # short context: the weights dominate, as in the floor
+FLAT_PROMPT, FLAT_TOKENS, FLAT_WINDOW = 512, 129, 16
+PREFILL = 512
+NAIVE_TOKENS = 40
+
+
+def minigpt_cached(model: Model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """The greedy tokens and the seconds of each cached step after the first (which includes the prefill)."""
+    result = generate(model, prompt, n, stop_at_eos=False)
+    return result.tokens, result.step_seconds[1:]
+
+
+def minigpt_naive(model: Model, prompt: list[int], n: int) -> list[float]:
+    return generate(model, prompt, n, use_cache=False, stop_at_eos=False).step_seconds
+
+
+def minigpt_prefill(model: Model, prompt: list[int]) -> float:
+    start = time.perf_counter()
+    model.forward(prompt, model.new_cache(len(prompt)), last_only=True)
+    return time.perf_counter() - start
+
+
+def side_by_side(hf: Transformers | None, minigpt_fn: Callable, hf_fn: Callable, *args) -> dict[str, list]:
+    """`minigpt_fn(model, *args)` for both kernel sets and `hf_fn(hf, *args)` when transformers is
+    installed, in interleaved rounds; each engine's results."""
+    runs = {name: partial(minigpt_fn, model, *args) for name, model in minigpt_engines().items()}
+    if hf is not None:
+        runs["transformers"] = partial(hf_fn, hf, *args)
+    return interleaved(runs)
+
+
+def run() -> Report:
+    info = RunInfo()
+    model, hf = random_124m(), transformers()
+    floor = floor_ms()
+    short, long_prompt, one = fixed_prompt(model, DECODE_PROMPT), fixed_prompt(model, FLAT_PROMPT), [0]
+    for m in minigpt_engines().values():
+        generate(m, short, 2, stop_at_eos=False)  # warm-up
+    logits_diff = None if hf is None else float(np.abs(hf.logits(short) - model.forward(short, last_only=True)[0]).max())
+
+    log("decode: cached decode ...")
+    decode = side_by_side(hf, minigpt_cached, Transformers.cached, short, DECODE_TOKENS)
+    reference = decode["minigpt exact"][0][0]
+    decode_ms = {name: min(statistics.median(s) for _, s in rounds) * 1e3 for name, rounds in decode.items()}
+    same_tokens = {name: all(tokens == reference for tokens, _ in rounds) for name, rounds in decode.items()}
+
+    log("decode: cached decode after a 512-token prompt ...")
+    flat_runs = side_by_side(hf, minigpt_cached, Transformers.cached, long_prompt, FLAT_TOKENS)
+    flat_rounds = {name: [s for _, s in rounds] for name, rounds in flat_runs.items()}
+    flat = {name: (min(statistics.median(s[:FLAT_WINDOW]) for s in rounds) * 1e3,
+                   min(statistics.median(s[-FLAT_WINDOW:]) for s in rounds) * 1e3)
+            for name, rounds in flat_rounds.items()}
+    flat_series = {name: [t * 1e3 for t in min(rounds, key=sum)] for name, rounds in flat_rounds.items()}
+
+    log("decode: prefill ...")
+    prefill = side_by_side(hf, minigpt_prefill, Transformers.prefill, long_prompt[:PREFILL])
+    prefill_tps = {name: PREFILL / min(rounds) for name, rounds in prefill.items()}
+
+    log("decode: naive loop ...")
+    naive = side_by_side(hf, minigpt_naive, Transformers.naive, one, NAIVE_TOKENS)
+    naive_ms = {name: (min(s[0] for s in rounds) * 1e3, min(s[-1] for s in rounds) * 1e3)
+                for name, rounds in naive.items()}
+
+    targets = decode_targets(decode_ms, floor, flat, naive_ms, prefill_tps)
+    engines = list(decode_ms)
+    lines = [*info.header(transformers_row(hf)),
+             f"### Results (best of {REPEATS} interleaved rounds; GPT-2-small shapes, random-124m, float32)", "",
+             "| measurement | " + " | ".join(engines) + " |", "| --- |" + " ---: |" * len(engines)]
+
+    def row(label: str, values: dict[str, str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(values.get(e, "–") for e in engines) + " |")
+
+    row(f"cached decode, ms/token ({DECODE_PROMPT}-token prompt, median of {DECODE_TOKENS - 1} steps)",
+        {e: f"{v:.2f}" for e, v in decode_ms.items()})
+    row("  ÷ transformers", {e: f"{v / decode_ms['transformers']:.2f}x" for e, v in decode_ms.items()}
+        if "transformers" in decode_ms else {})
+    row(f"  ÷ bandwidth floor ({floor:.2f} ms)", {e: f"{v / floor:.2f}x" for e, v in decode_ms.items()})
+    row("  same greedy tokens as minigpt exact", {e: "yes" if v else "**no**" for e, v in same_tokens.items()})
+    row(f"cached decode after a {FLAT_PROMPT}-token prompt: first {FLAT_WINDOW} / last {FLAT_WINDOW} steps, ms",
+        {e: f"{a:.2f} / {b:.2f}" for e, (a, b) in flat.items()})
+    row("  flatness (last ÷ first)", {e: f"{b / a:.2f}" for e, (a, b) in flat.items()})
+    row(f"prefill {PREFILL} tokens, tokens/s", {e: f"{v:,.0f}" for e, v in prefill_tps.items()})
+    row("  ÷ minigpt fast (time)", {e: f"{prefill_tps['minigpt fast'] / v:.2f}x" for e, v in prefill_tps.items()})
+    row(f"naive loop, one-token prompt: token 1 / token {NAIVE_TOKENS}, ms",
+        {e: f"{a:.1f} / {b:.1f}" for e, (a, b) in naive_ms.items()})
+    row(f"  staircase (token {NAIVE_TOKENS} ÷ token 1)", {e: f"{b / a:.2f}" for e, (a, b) in naive_ms.items()})
+    lines += ["", bandwidth_note()]
+    if logits_diff is not None:
+        lines.append(f"Same weights: transformers' last-position logits differ from minigpt exact's by at most "
+                     f"{logits_diff:.1e}.")
+    lines += ["", "### Targets", "", *targets_table(targets)]
+
+    def plot(path: Path) -> None:
+        """Cached per-token time after the 512-token prompt, per engine, with the bandwidth floor."""
+        title = (f"Cached decode per token after a {FLAT_PROMPT}-token prompt, GPT-2-small shapes\n"
+                 "(token 1, which includes the prefill, not shown; scripts/benchmark.py)")
+        plot_latencies(flat_series, path, title, first_token=2, floor=("bandwidth floor (weights only)", floor))
+
+    return Report(info, "\n".join(lines), targets, {"decode.png": plot})
+
+
+def decode_targets(decode_ms: dict[str, float], floor: float, flat: dict[str, tuple[float, float]],
+                   naive_ms: dict[str, tuple[float, float]], prefill_tps: dict[str, float]) -> list[Target]:
+    """Issue 4's targets (and issues 2/3's exact vs fast)."""
+    exact, fast = decode_ms["minigpt exact"], decode_ms["minigpt fast"]
+    rows = []
+    if "transformers" in decode_ms:
+        ratio = exact / decode_ms["transformers"]
+        rows.append(("cached decode <= 0.6x transformers' ms/token", f"{ratio:.2f}x", ratio <= 0.6))
+    ratio = exact / floor
+    rows.append(("cached decode <= 1.3x the bandwidth floor", f"{ratio:.2f}x", ratio <= 1.3))
+    first, last = flat["minigpt exact"]
+    rows.append((f"cached per-token time flat: last {FLAT_WINDOW} / first {FLAT_WINDOW} steps after a "
+                 f"{FLAT_PROMPT}-token prompt <= 1.3", f"{last / first:.2f}", last / first <= 1.3))
+    t1, t40 = naive_ms["minigpt exact"]
+    rows.append(("naive staircase visible: token 40 / token 1 >= 1.5 (one-token prompt)",
+                 f"{t40 / t1:.2f}", t40 / t1 >= 1.5))
+    rows.append(("exact decode within 1.15x of fast", f"{exact / fast:.2f}x", exact / fast <= 1.15))
+    ratio = prefill_tps["minigpt fast"] / prefill_tps["minigpt exact"]
+    rows.append((f"exact prefill of {PREFILL} tokens within 4x of fast", f"{ratio:.2f}x", ratio <= 4))
+    return rows
