@@ -6,39 +6,10 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import models, token_ids
+from strategies import batches, per_prompt
 
 from minigpt.batching import generate_batch, make_requests, new_pool, run
 from minigpt.generate import generate
-from minigpt.kernels import PAGE
-from minigpt.kv_cache import pages_for
-
-sampling = st.one_of(
-    st.just({"temperature": 0.0, "seed": None, "top_k": None, "top_p": None}),  # greedy
-    st.fixed_dictionaries({"temperature": st.floats(0.05, 3.0), "seed": st.integers(0, 2**32 - 1),
-                           "top_k": st.none() | st.integers(1, 64), "top_p": st.none() | st.floats(0.05, 1.0)}),
-)
-
-
-@st.composite
-def batches(draw):
-    """A random model and 1-6 requests of random lengths and options, with max_batch_size and a pool
-    size from the smallest that fits the largest request to ample."""
-    model = draw(models(min_positions=2))
-    n = draw(st.integers(1, 6), label="prompts")
-    prompts, lengths, options = [], [], []
-    for _ in range(n):
-        ids = draw(token_ids(model.config, max_size=model.config.n_positions - 1))
-        prompts.append(ids)
-        lengths.append(draw(st.integers(0, model.config.n_positions - len(ids)), label="max_new_tokens"))
-        options.append(draw(sampling, label="sampling"))
-    largest = max(pages_for(len(p) + max(m, 1) - 1) for p, m in zip(prompts, lengths))
-    pool_pages = draw(st.integers(largest, largest * n + 1), label="pool pages")
-    return model, prompts, lengths, options, draw(st.integers(1, n + 1), label="max_batch_size"), pool_pages * PAGE
-
-
-def per_prompt(options: list[dict]) -> dict:
-    return {key: [o[key] for o in options] for key in options[0]}
 
 
 @given(batches(), st.booleans())
