@@ -16,14 +16,17 @@ How EXACT is built (weights are stored [n_out, n_in], so an output is a contiguo
    never calls gemm: each row is multiplied on its own. A row's result then depends only on that
    row and the weights, never on what else is in the batch. This needs nothing from BLAS but that
    the same call on the same data gives the same answer.
-2. Every gemv call produces a multiple of `ALIGN` = 64 outputs. The thread count enters through
-   one door: OpenBLAS splits a large gemv's outputs between its threads at ceil(n / threads), and
-   its kernel computes outputs four at a time, with different code for a leftover one, two or
-   three. A split at an output that is not a multiple of four moves outputs between those code
-   paths (that is why the LM head's 50,257 logits used to change with the thread count). With
-   64-output calls every share is a multiple of four for 1, 2, 4, 8 or 16 threads, so every output
-   takes the four-at-a-time path: its arithmetic is the same whichever call, block or thread
-   computes it. The last n_out % 64 outputs go through a zero-padded 64-row copy of their weights.
+2. Every gemv call produces a multiple of `alignment()` outputs: of 64 and of four times the thread
+   count. The thread count enters through one door: OpenBLAS splits a large gemv's outputs between
+   its threads at ceil(n / threads), and its kernel computes outputs four at a time, with
+   different code for a leftover one, two or three. A split at an output that is not a multiple
+   of four moves outputs between those code paths (that is why the LM head's 50,257 logits used to
+   change with the thread count). With aligned calls every share is a multiple of four, so every
+   output takes the four-at-a-time path: its arithmetic is the same whichever call, block or
+   thread computes it. The last outputs go through a zero-padded copy of their weights. minigpt
+   reads the thread count the way OpenBLAS does, from the environment at start-up (`threads`); a
+   program that changes OpenBLAS's count at run time (threadpoolctl) must keep it at 1, 2, 4, 8
+   or 16, where 64 outputs already divide evenly.
 3. Because an output's arithmetic does not depend on the call that computes it, the weights can be
    cut into blocks for speed. One row: one gemv over the whole matrix (BLAS threads it). Several
    rows: L2-sized blocks of weight rows, each block multiplied by every row while it is in cache,
@@ -39,7 +42,7 @@ How EXACT is built (weights are stored [n_out, n_in], so an output is a contiguo
 
 Everything else in the model (embeddings, LayerNorm, GELU, residual adds) is elementwise or
 reduces along one row. The property tests in tests/properties/ check all of this bit for bit, and
-tests/test_threads.py at 1 and 2 BLAS threads.
+tests/test_threads.py at several BLAS thread counts.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 PAGE = 16  # positions per KV page and keys per attention block; cache capacities are multiples of it
-ALIGN = 64  # outputs per gemv call are a multiple of this (point 2 above)
+ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (point 2 above)
 BLOCK_ELEMENTS = 100_000  # weights per block when several rows share it: ~400 KB, inside a 1 MB L2
 
 # A sequence's keys and values as contiguous runs of pages, in position order: [(k, v), ...],
@@ -129,14 +132,24 @@ def fast_attention(q, segments: Segments, start: int, record: bool = False):
 # ------------------------------------------------------------------- exact: batch-invariant
 
 
+@cache
 def threads() -> int:
-    """How many threads minigpt's exact kernels use: BLAS's own setting when the environment gives
-    one (OPENBLAS_NUM_THREADS, then OMP_NUM_THREADS), else the CPUs this process may run on."""
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    """The number of threads OpenBLAS runs, decided as OpenBLAS decides it (once, at start-up): the
+    first of OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS that is set, at most the CPUs
+    this process may run on. minigpt's own worker threads are as many."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name, "").strip()
         if value.isdigit() and int(value) >= 1:
-            return int(value)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            return min(int(value), cpus, 64)
+    return min(cpus, 64)
+
+
+@cache
+def alignment() -> int:
+    """Every gemv call computes a multiple of this many outputs: of ALIGN, and of 4 x the thread
+    count, so that OpenBLAS's split at ceil(n / threads) gives every thread a multiple of four."""
+    return math.lcm(ALIGN, 4 * threads())
 
 
 @cache
@@ -148,14 +161,14 @@ def _workers() -> ThreadPoolExecutor | None:
 
 
 def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
-    """y = x @ weight.T for weight [m, n_in] (m a multiple of ALIGN), x [T, n_in], into y [T, m]: one
+    """y = x @ weight.T for weight [m, n_in] (m a multiple of alignment()), x [T, n_in], into y [T, m]: one
     gemv per weight block and row, block-major so that a block is read from memory once and from
     cache for the other rows."""
     m, n_in = weight.shape
     if m == 0:
         return
-    T = x.shape[0]
-    cols = min(m, ALIGN * max(1, BLOCK_ELEMENTS // (ALIGN * n_in)))
+    T, a = x.shape[0], alignment()
+    cols = min(m, a * max(1, BLOCK_ELEMENTS // (a * n_in)))
     full = m // cols * cols
     for first, blocks in ((0, weight[:full].reshape(full // cols, cols, n_in)), (full, weight[full:][None])):
         nb, c, _ = blocks.shape
@@ -166,12 +179,12 @@ def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
 
 
 def _blocked(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """weight [n, n_in] (n a multiple of ALIGN) times each row of x [T, n_in] -> [T, n]: the weight's
-    rows split between the threads at multiples of ALIGN, each share multiplied in blocks."""
-    n = weight.shape[0]
+    """weight [n, n_in] (n a multiple of alignment()) times each row of x [T, n_in] -> [T, n]: the
+    weight's rows split between the threads at multiples of alignment(), each share in blocks."""
+    n, a = weight.shape[0], alignment()
     y = np.empty((x.shape[0], n), np.float32)
     n_threads = threads() if _workers() is not None else 1
-    edges = [ALIGN * round(i * n / (ALIGN * n_threads)) for i in range(n_threads + 1)]
+    edges = [a * round(i * n / (a * n_threads)) for i in range(n_threads + 1)]
     futures = [_workers().submit(_gemv_blocks, weight[lo:hi], x, y[:, lo:hi])
                for lo, hi in zip(edges[1:-1], edges[2:]) if hi > lo]
     _gemv_blocks(weight[:edges[1]], x, y[:, :edges[1]])  # the calling thread's share
@@ -183,19 +196,19 @@ def _blocked(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
 def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """x [T, n_in] times weight [n_out, n_in] (+ bias) -> [T, n_out], by matrix-vector products only."""
     T, n_in = x.shape
-    n_out = weight.shape[0]
+    n_out, a = weight.shape[0], alignment()
     x = np.ascontiguousarray(x)
-    head = n_out - n_out % ALIGN  # outputs in ALIGN-multiple calls
+    head = n_out - n_out % a  # outputs in calls of a multiple of `a`
     y = np.empty((T, n_out), np.float32)
     if head:
         if T == 1:
             y[0, :head] = weight[:head] @ x[0]  # one gemv over the whole matrix: [head, n_in] @ [n_in]
         else:
             y[:, :head] = _blocked(weight[:head], x)  # [T, head]
-    if head < n_out:  # the last n_out % ALIGN outputs, from a zero-padded ALIGN-row copy of their weights
-        tail = np.zeros((ALIGN, n_in), np.float32)
+    if head < n_out:  # the last n_out % a outputs, from a zero-padded a-row copy of their weights
+        tail = np.zeros((a, n_in), np.float32)
         tail[:n_out - head] = weight[head:]
-        y[:, head:] = np.matmul(tail[None], x[:, :, None])[:, :n_out - head, 0]  # T x ([64, n_in] @ [n_in, 1])
+        y[:, head:] = np.matmul(tail[None], x[:, :, None])[:, :n_out - head, 0]  # T x ([a, n_in] @ [n_in, 1])
     return y if bias is None else y + bias
 
 
