@@ -61,7 +61,9 @@ class Drafter(Protocol):
 
 class NGramDrafter:
     """Prompt lookup: propose the tokens that followed the latest earlier occurrence of the
-    context's last n tokens (n = MAX_NGRAM down to 1)."""
+    context's last n tokens (n = MAX_NGRAM down to 1). When fewer than k tokens follow it (the
+    occurrence is recent: the text is repeating itself with that period), the guess continues the
+    repetition."""
 
     def propose(self, ids, k, options, rng):
         arr = np.asarray(ids)
@@ -69,8 +71,8 @@ class NGramDrafter:
             windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)  # every earlier n-gram
             hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
             if hits.size:
-                start = hits[-1] + n  # what followed the latest occurrence
-                return arr[start:start + k].tolist(), None
+                follows = arr[hits[-1] + n:]  # what followed the latest occurrence, up to now
+                return follows[np.arange(k) % follows.size].tolist(), None  # repeated with its period
         return [], None
 
     def accepted(self, n_positions):

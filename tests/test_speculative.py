@@ -53,7 +53,8 @@ def test_prompt_lookup_proposes_what_followed_the_latest_earlier_occurrence():
     drafts, q = NGramDrafter().propose(ids, 3, SamplingOptions(), None)
     assert drafts == [7, 8, 5] and q is None  # "2 3" last seen before 7 8 5
     assert NGramDrafter().propose([4, 5, 6], 3, SamplingOptions(), None) == ([], None)  # no match
-    assert NGramDrafter().propose([5, 6, 5], 4, SamplingOptions(), None)[0] == [6, 5]  # runs up to the end
+    assert NGramDrafter().propose([5, 6, 5], 4, SamplingOptions(), None)[0] == [6, 5, 6, 5]  # repeats with period 2
+    assert NGramDrafter().propose([1, 7, 7, 7], 3, SamplingOptions(), None)[0] == [7, 7, 7]  # a cycle of one token
 
 
 def test_verify_greedy_keeps_confirmed_drafts_then_the_models_own_token():
