@@ -205,17 +205,33 @@ class Transformers:
             self.model(torch.tensor([prompt]), use_cache=True, logits_to_keep=1)
             return time.perf_counter() - start
 
-    def batch(self, prompts: list[list[int]], n: int) -> list[list[int]]:
+    def batch(self, prompts: list[list[int]], n: int) -> tuple[list[list[int]], list[float]]:
         """transformers' batched `generate`: prompts left-padded to the longest with an attention mask,
-        greedy, use_cache, exactly n new tokens each (no end-of-text stop)."""
+        greedy, use_cache, exactly n new tokens each (no end-of-text stop). Returns the tokens and the
+        wall time of each step after the first (which includes the prefill), timed by a streamer,
+        which `generate` hands each step's new tokens."""
         torch = self.torch
         width = max(map(len, prompts))
         ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        clock = StepClock()
         with torch.inference_mode():
             out = self.model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, use_cache=True,
-                                      eos_token_id=None, pad_token_id=self.pad)
-        return out[:, width:].tolist()
+                                      eos_token_id=None, pad_token_id=self.pad, streamer=clock)
+        return out[:, width:].tolist(), np.diff(clock.times[1:]).tolist()
+
+
+class StepClock:
+    """A transformers streamer that only notes when each step's tokens arrive (the first call: the prompt)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
 
 
 @cache
