@@ -113,7 +113,7 @@ def run(model: Model, requests: list[Request], pool: PagePool, max_batch_size: i
                 continue
             clock = time.perf_counter()
             ids = [seqs[i].ids[caches[i].length:] for i in running]  # a prefill, or the last token
-            logits = model.forward_batch(ids, [caches[i] for i in running], last_only=True)
+            logits = model.forward_batch(ids, [caches[i] for i in running], logits_to_keep=1)
             chosen = [seqs[i].choose(row[0]) for i, row in zip(running, logits)]
             seconds = time.perf_counter() - clock
             for i, token, row in zip(running, chosen, logits):

@@ -47,7 +47,7 @@ def steps(model: Model, seq: Sequence, *, use_cache: bool = True, record: bool =
         else:
             step_cache, new = model.new_cache(len(ids)), ids  # the naive loop: everything, every step
         trace = Trace() if record else None
-        logits = model.forward(new, step_cache, last_only=True, trace=trace)[0]  # [vocab]
+        logits = model.forward(new, step_cache, logits_to_keep=1, trace=trace)[0]  # [vocab]
         token = seq.choose(logits)
         seq.append(token, logits, time.perf_counter() - clock)
         yield Step(token, logits, step_cache, trace)

@@ -28,10 +28,14 @@ How EXACT is built (weights are stored [n_out, n_in], so an output is a contiguo
    program that changes OpenBLAS's count at run time (threadpoolctl) must keep it at 1, 2, 4, 8
    or 16, where 64 outputs already divide evenly.
 3. Because an output's arithmetic does not depend on the call that computes it, the weights can be
-   cut into blocks for speed. One row: one gemv over the whole matrix (BLAS threads it). Several
-   rows: L2-sized blocks of weight rows, each block multiplied by every row while it is in cache,
-   the blocks shared between minigpt's own worker threads (each call small enough for BLAS to run
-   it on the calling thread). That reuse is what makes batching pay (docs/batching.md).
+   cut into blocks for speed, differently for different row counts. Few rows (a decode step, a
+   speculative verification): blocks of up to 16 MB, which stay in the L3 cache from one row to
+   the next, each row one gemv per block that BLAS splits between its threads. Many rows (a
+   batch, a prefill): L2-sized blocks, each multiplied by every row while it is in cache, the
+   blocks shared between minigpt's own worker threads (each call small enough for BLAS to run it
+   on the calling thread). That reuse is what makes batching pay (docs/batching.md). Few rows do
+   not use minigpt's threads because BLAS's idle threads spin for a while after each call and
+   would compete with them for the cores; many rows are worth it.
 4. `exact_attention` gives query position t exactly the keys 0 .. L(t)-1, L(t) rounded up to a
    whole page: L(t) = PAGE * (t // PAGE + 1), whatever else is in the batch. Keys after t inside
    that page get score -inf and weight +0.0. Scores are one gemv per query over contiguous runs of
@@ -58,7 +62,9 @@ import numpy as np
 
 PAGE = 16  # positions per KV page and keys per attention block; cache capacities are multiples of it
 ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (point 2 above)
-BLOCK_ELEMENTS = 100_000  # weights per block when several rows share it: ~400 KB, inside a 1 MB L2
+BLOCK_ELEMENTS = 100_000  # weights per block when many rows share it: ~400 KB, inside a 1 MB L2
+L3_BLOCK_ELEMENTS = 4_000_000  # weights per block when few rows share it: 16 MB, inside a 32 MB L3
+MANY_ROWS = 8  # from this many rows on, blocks are sized for L2 and shared between minigpt's own threads
 
 # A sequence's keys and values as contiguous runs of pages, in position order: [(k, v), ...],
 # each [n_head, n, head_dim] with n a multiple of PAGE (minigpt.kv_cache.KVCache.segments).
@@ -193,6 +199,20 @@ def _blocked(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
     return y
 
 
+def _per_row(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """weight [n, n_in] (n a multiple of alignment()) times each row of x [T, n_in] -> [T, n] for few
+    rows: L3-sized blocks of weight rows (a GPT-2 layer's matrices are one block each), each block
+    times each row by one gemv that BLAS splits between its threads; the rows after the first read
+    the block from cache."""
+    n, n_in = weight.shape
+    a = alignment()
+    cols = max(a, L3_BLOCK_ELEMENTS // (a * n_in) * a)
+    y = np.empty((x.shape[0], n), np.float32)
+    for lo in range(0, n, cols):
+        y[:, lo:lo + cols] = np.matmul(weight[lo:lo + cols][None], x[:, :, None])[..., 0]  # T x ([c, n_in] @ [n_in])
+    return y
+
+
 def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """x [T, n_in] times weight [n_out, n_in] (+ bias) -> [T, n_out], by matrix-vector products only."""
     T, n_in = x.shape
@@ -201,10 +221,7 @@ def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> 
     head = n_out - n_out % a  # outputs in calls of a multiple of `a`
     y = np.empty((T, n_out), np.float32)
     if head:
-        if T == 1:
-            y[0, :head] = weight[:head] @ x[0]  # one gemv over the whole matrix: [head, n_in] @ [n_in]
-        else:
-            y[:, :head] = _blocked(weight[:head], x)  # [T, head]
+        y[:, :head] = (_blocked if T >= MANY_ROWS else _per_row)(weight[:head], x)  # [T, head]
     if head < n_out:  # the last n_out % a outputs, from a zero-padded a-row copy of their weights
         tail = np.zeros((a, n_in), np.float32)
         tail[:n_out - head] = weight[head:]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .config import GPT2Config
-from .errors import ContextLengthError, InputError
+from .errors import ContextLengthError, InputError, check_int
 from .kernels import EXACT, Kernels
 from .kv_cache import KVCache, new_cache
 from .layers import Span, block, layer_norm
@@ -68,19 +68,19 @@ def check_room(config: GPT2Config, cache: KVCache, T: int) -> None:
 
 
 def forward(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids, cache: KVCache | None = None,
-            *, last_only: bool = False, trace: Trace | None = None) -> np.ndarray:
+            *, logits_to_keep: int = 0, trace: Trace | None = None) -> np.ndarray:
     """Logits for the positions of `ids`, continuing after the `cache.length` cached positions.
 
-    ids: T token ids. Returns float32 [T, vocab_size], or [1, vocab_size] with `last_only`
-    (the LM head, the largest matrix, is then applied to the last position only).
-    With a cache, the new positions' keys and values are appended to it. One sequence is a batch
-    of one: this is `forward_batch`.
+    ids: T token ids. Returns float32 [T, vocab_size], or with `logits_to_keep` n > 0 those of the
+    last n positions only, [n, vocab_size] (the LM head, the largest matrix, is then applied to those
+    rows alone: a decode step needs 1, a speculative verification k + 1). With a cache, the new
+    positions' keys and values are appended to it. One sequence is a batch of one: `forward_batch`.
     """
-    return forward_batch(params, config, kernels, [ids], [cache], last_only=last_only, trace=trace)[0]
+    return forward_batch(params, config, kernels, [ids], [cache], logits_to_keep=logits_to_keep, trace=trace)[0]
 
 
 def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_list, caches,
-                  *, last_only: bool = False, trace: Trace | None = None) -> list[np.ndarray]:
+                  *, logits_to_keep: int = 0, trace: Trace | None = None) -> list[np.ndarray]:
     """One forward over several sequences at once: each continues its own cache with its own ids.
 
     Every sequence's rows go through the weight matrices together (one read of each weight for
@@ -118,11 +118,10 @@ def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_
         trace.hidden.append(x)
     for s in spans:
         s.cache.length = s.rows.stop - s.rows.start + s.start
-    if last_only:
-        x = x[[s.rows.stop - 1 for s in spans]]  # [N, C] -> [B, C]: the last position of each sequence
-        sizes = [1] * len(spans)
-    else:
-        sizes = [s.rows.stop - s.rows.start for s in spans]
+    sizes = [s.rows.stop - s.rows.start for s in spans]  # logits kept per sequence
+    if check_int(logits_to_keep, "logits_to_keep", 0):
+        sizes = [min(n, logits_to_keep) for n in sizes]
+        x = x[np.concatenate([np.arange(s.rows.stop - n, s.rows.stop) for s, n in zip(spans, sizes)])]  # [N, C] -> [kept, C]
     logits = kernels.linear(x, params.wte, None)  # tied LM head: [rows, C] @ [C, vocab] -> [rows, vocab]
     return np.split(logits, np.cumsum(sizes)[:-1])
 
@@ -145,12 +144,12 @@ class Model:
     def tokenizer(self) -> Encoding | None:
         return None if self.tokenizer_loader is None else self.tokenizer_loader()
 
-    def forward(self, ids, cache: KVCache | None = None, *, last_only: bool = False,
+    def forward(self, ids, cache: KVCache | None = None, *, logits_to_keep: int = 0,
                 trace: Trace | None = None) -> np.ndarray:
-        return forward(self.params, self.config, self.kernels, ids, cache, last_only=last_only, trace=trace)
+        return forward(self.params, self.config, self.kernels, ids, cache, logits_to_keep=logits_to_keep, trace=trace)
 
-    def forward_batch(self, ids_list, caches, *, last_only: bool = False) -> list[np.ndarray]:
-        return forward_batch(self.params, self.config, self.kernels, ids_list, caches, last_only=last_only)
+    def forward_batch(self, ids_list, caches, *, logits_to_keep: int = 0) -> list[np.ndarray]:
+        return forward_batch(self.params, self.config, self.kernels, ids_list, caches, logits_to_keep=logits_to_keep)
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         return new_cache(self.config, capacity)

@@ -89,7 +89,7 @@ class ModelDrafter:
     def propose(self, ids, k, options, rng):
         tokens, q = [], []
         for _ in range(k):
-            logits = self.draft.forward([*ids, *tokens][self.cache.length:], self.cache, last_only=True)[0]
+            logits = self.draft.forward([*ids, *tokens][self.cache.length:], self.cache, logits_to_keep=1)[0]
             if options.temperature == 0:
                 tokens.append(int(np.argmax(logits)))
             else:
@@ -169,9 +169,8 @@ def speculative_steps(model: Model, seq: Sequence, drafter: Drafter, draft_token
         ids = seq.ids
         room = request.max_new_tokens - len(seq.tokens) - 1  # drafts that can still become tokens
         drafts, q = drafter.propose(ids, min(k, room), options, seq.rng) if k and room > 0 else ([], None)
-        if cache.length < len(ids) - 1:  # the prompt, once; its logits are not needed
-            model.forward(ids[cache.length:-1], cache, last_only=True)
-        logits = model.forward([ids[-1], *drafts], cache)  # [n+1, vocab]: after ids, after d1, ..., after dn
+        logits = model.forward([*ids[cache.length:], *drafts], cache, logits_to_keep=len(drafts) + 1)
+        # [n+1, vocab]: the rows after ids, after d1, ..., after dn (the first step feeds the prompt too)
         if options.temperature == 0:
             chosen = verify_greedy(logits, drafts)
         else:

@@ -29,9 +29,13 @@ def test_forward_returns_float32_logits_for_every_position(model):
     assert logits.shape == (11, CONFIG.vocab_size) and logits.dtype == np.float32
 
 
-def test_last_only_computes_the_lm_head_for_the_last_row_only(model):
+def test_logits_to_keep_computes_the_lm_head_for_the_last_rows_only(model):
     x = ids(9)
-    np.testing.assert_array_equal(model.forward(x, last_only=True), model.forward(x)[-1:])
+    np.testing.assert_array_equal(model.forward(x, logits_to_keep=1), model.forward(x)[-1:])
+    np.testing.assert_array_equal(model.forward(x, logits_to_keep=4), model.forward(x)[-4:])
+    assert model.forward(x, logits_to_keep=20).shape == (9, CONFIG.vocab_size)  # more than there are: all
+    with pytest.raises(InputError, match="logits_to_keep must be an integer >= 0"):
+        model.forward(x, logits_to_keep=-1)
 
 
 def test_new_cache_is_preallocated_for_the_whole_context(model):

@@ -43,7 +43,7 @@ def minigpt_naive(model: Model, prompt: list[int], n: int) -> list[float]:
 
 def minigpt_prefill(model: Model, prompt: list[int]) -> float:
     start = time.perf_counter()
-    model.forward(prompt, model.new_cache(len(prompt)), last_only=True)
+    model.forward(prompt, model.new_cache(len(prompt)), logits_to_keep=1)
     return time.perf_counter() - start
 
 
@@ -63,7 +63,7 @@ def run() -> Report:
     short, long_prompt, one = fixed_prompt(model, DECODE_PROMPT), fixed_prompt(model, FLAT_PROMPT), [0]
     for m in minigpt_engines().values():
         generate(m, short, 2, stop_at_eos=False)  # warm-up
-    logits_diff = None if hf is None else float(np.abs(hf.logits(short) - model.forward(short, last_only=True)[0]).max())
+    logits_diff = None if hf is None else float(np.abs(hf.logits(short) - model.forward(short, logits_to_keep=1)[0]).max())
 
     log("decode: cached decode ...")
     decode = side_by_side(hf, minigpt_cached, Transformers.cached, short, DECODE_TOKENS)
