@@ -91,6 +91,7 @@ def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_
         raise InputError(f"forward_batch got {len(ids_list)} id sequences and {len(caches)} caches")
     if trace is not None and len(ids_list) != 1:
         raise InputError("a trace records one sequence's forward")
+    logits_to_keep = check_int(logits_to_keep, "logits_to_keep", 0)
     ids_list = [check_ids(ids, config.vocab_size) for ids in ids_list]
     caches = [new_cache(config, len(ids)) if cache is None else cache for ids, cache in zip(ids_list, caches)]
     spans, row = [], 0
@@ -119,7 +120,7 @@ def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_
     for s in spans:
         s.cache.length = s.rows.stop - s.rows.start + s.start
     sizes = [s.rows.stop - s.rows.start for s in spans]  # logits kept per sequence
-    if check_int(logits_to_keep, "logits_to_keep", 0):
+    if logits_to_keep:
         sizes = [min(n, logits_to_keep) for n in sizes]
         x = x[np.concatenate([np.arange(s.rows.stop - n, s.rows.stop) for s, n in zip(spans, sizes)])]  # [N, C] -> [kept, C]
     logits = kernels.linear(x, params.wte, None)  # tied LM head: [rows, C] @ [C, vocab] -> [rows, vocab]
