@@ -27,7 +27,7 @@ from .kernels import PAGE
 from .kv_cache import pages_for
 from .model import Model
 from .paging import PagePool
-from .sequence import GenerationResult, Request, Sequence, make_request
+from .sequence import GenerationResult, Request, make_request, new_sequence
 
 PER_PROMPT = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
 
@@ -83,7 +83,7 @@ def run(model: Model, requests: list[Request], pool: PagePool, max_batch_size: i
     prefill for the newly admitted, one token for the others) and one new token each.
     """
     check_int(max_batch_size, "max_batch_size", 1)
-    seqs = [Sequence(r, model.tokenizer.decode_single_token_bytes if r.stop else None) for r in requests]
+    seqs = [new_sequence(model, r) for r in requests]
     caches = {i: pool.new_cache() for i in range(len(seqs))}
     waiting = deque(i for i, s in enumerate(seqs) if not s.done)
     running: list[int] = []  # in order of admission

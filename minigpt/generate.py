@@ -21,7 +21,7 @@ import numpy as np
 from .errors import InputError
 from .kv_cache import KVCache
 from .model import Model, Trace
-from .sequence import GenerationResult, Sequence, StreamedToken, make_request
+from .sequence import GenerationResult, Sequence, StreamedToken, make_request, new_sequence
 from .speculative import check_speculation, speculative_steps
 
 
@@ -62,7 +62,7 @@ def start(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool
     request = make_request(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs,
                            truncate_prompt=truncate_prompt)
-    seq = Sequence(request, model.tokenizer.decode_single_token_bytes if request.stop else None)
+    seq = new_sequence(model, request)
     if speculate is None:
         return seq, steps(model, seq, use_cache=use_cache)
     if not use_cache:

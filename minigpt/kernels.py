@@ -126,7 +126,8 @@ def fast_attention(q, segments: Segments, start: int, record: bool = False):
     n_head, T, head_dim = q.shape
     L = start + T  # keys 0 .. L-1 exist
     parts = _cut(segments, L)
-    scores = np.concatenate([q @ k.transpose(0, 2, 1) for k, _ in parts], axis=-1)  # [H, T, hd] @ [H, hd, L] -> [H, T, L]
+    # per run [H, T, hd] @ [H, hd, n], joined -> [H, T, L]
+    scores = np.concatenate([q @ k.transpose(0, 2, 1) for k, _ in parts], axis=-1)
     weights = _softmax_rows(_mask_future(scores / np.float32(math.sqrt(head_dim)), start))
     out, at = 0, 0
     for _, v in parts:  # [H, T, n] @ [H, n, hd], summed over the runs -> [H, T, hd]

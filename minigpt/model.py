@@ -122,7 +122,8 @@ def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_
     sizes = [s.rows.stop - s.rows.start for s in spans]  # logits kept per sequence
     if logits_to_keep:
         sizes = [min(n, logits_to_keep) for n in sizes]
-        x = x[np.concatenate([np.arange(s.rows.stop - n, s.rows.stop) for s, n in zip(spans, sizes)])]  # [N, C] -> [kept, C]
+        kept = np.concatenate([np.arange(s.rows.stop - n, s.rows.stop) for s, n in zip(spans, sizes)])
+        x = x[kept]  # [N, C] -> [kept rows, C]
     logits = kernels.linear(x, params.wte, None)  # tied LM head: [rows, C] @ [C, vocab] -> [rows, vocab]
     return np.split(logits, np.cumsum(sizes)[:-1])
 

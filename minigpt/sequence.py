@@ -24,9 +24,6 @@ from .errors import ContextLengthError, InputError, check_int
 from .model import Model, check_ids
 from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
 
-FINISH_REASONS = ("eos", "length", "stop")
-
-
 @dataclass(frozen=True)
 class Request:
     """A generation request, checked: the prompt as fed and every option."""
@@ -224,13 +221,18 @@ class Sequence:
         return GenerationResult(
             list(self.request.prompt), list(self.tokens), list(self.seconds), list(self.logprobs),
             [list(t) for t in self.top_logprobs] if self.request.top_logprobs else None,
-            self.finish_reason or "length", use_cache, self.preemptions, self.drafted, self.accepted)
+            self.finish_reason, use_cache, self.preemptions, self.drafted, self.accepted)
 
     def streamed(self, start: int) -> list[StreamedToken]:
         """Records of the released tokens from index `start` on."""
         top = self.top_logprobs if self.request.top_logprobs else None
         return [StreamedToken(self.tokens[i], self.logprobs[i], None if top is None else top[i])
                 for i in range(start, self.released)]
+
+
+def new_sequence(model: Model, request: Request) -> Sequence:
+    """The sequence of a request, with the model's token bytes when it has stop strings to match."""
+    return Sequence(request, model.tokenizer.decode_single_token_bytes if request.stop else None)
 
 
 def generated_text(tokenizer, result: GenerationResult) -> str:

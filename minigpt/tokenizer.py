@@ -87,6 +87,11 @@ def gpt2_tokenizer(directory: str | Path | None = None) -> tiktoken.Encoding:
         ) from None
 
 
+def token_text(tokenizer: tiktoken.Encoding, token: int) -> str:
+    """One token's text on its own (a byte that only begins a character shows as U+FFFD)."""
+    return tokenizer.decode_single_token_bytes(token).decode("utf-8", errors="replace")
+
+
 # Bytes that are not UTF-8, as Python keeps them in a str (sys.argv, os.fsdecode: errors="surrogateescape").
 SURROGATE_ESCAPES = re.compile("([\udc80-\udcff]+)")
 

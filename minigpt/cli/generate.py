@@ -9,7 +9,7 @@ import sys
 from ..generate import generate, stream
 from ..loading import load
 from ..sequence import GenerationResult, generated_text
-from ..tokenizer import valid_text
+from ..tokenizer import token_text, valid_text
 from .common import add_model_options, add_sampling_options, encode_prompt, load_model, positive_int, print_json
 
 
@@ -63,9 +63,6 @@ def run(args: argparse.Namespace) -> int:
 
 def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace) -> dict:
     """The run as one JSON document: every option that shaped it, then what it produced."""
-    def token_text(token: int) -> str:
-        return tokenizer.decode_single_token_bytes(token).decode("utf-8", errors="replace")
-
     document = {
         "model": args.model, "kernels": args.kernels, "use_cache": result.use_cache,
         "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
@@ -82,7 +79,7 @@ def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace) -> di
         "logprobs": result.logprobs,
     })
     if result.top_logprobs is not None:
-        document["top_logprobs"] = [[{"id": t, "token": token_text(t), "logprob": lp} for t, lp in step]
+        document["top_logprobs"] = [[{"id": t, "token": token_text(tokenizer, t), "logprob": lp} for t, lp in step]
                                     for step in result.top_logprobs]
     document["step_ms"] = [round(s * 1e3, 3) for s in result.step_seconds]
     return document

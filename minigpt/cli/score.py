@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import InputError
 from ..model import Model
 from ..scoring import check_stride, score
+from ..tokenizer import token_text
 from .common import add_model_options, encode_prompt, load_model, positive_int, print_json
 
 
@@ -50,8 +51,7 @@ def as_json(args: argparse.Namespace, model: Model, ids: list[int], logprobs: np
         perplexity = float(np.exp(-mean))  # inf only for a mean below -709 nats, far beyond any real model
     return {"model": args.model, "kernels": args.kernels, "stride": check_stride(args.stride, model.config.n_positions),
             "n_positions": model.config.n_positions, "tokens": ids,
-            "token_texts": [model.tokenizer.decode_single_token_bytes(t).decode("utf-8", errors="replace")
-                            for t in ids],
+            "token_texts": [token_text(model.tokenizer, t) for t in ids],
             "logprobs": logprobs.tolist(), "total_logprob": total, "mean_logprob": mean, "perplexity": perplexity}
 
 
