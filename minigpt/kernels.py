@@ -40,9 +40,12 @@ How EXACT is built (weights are stored [n_out, n_in], so an output is a contiguo
    whole page: L(t) = PAGE * (t // PAGE + 1), whatever else is in the batch. Keys after t inside
    that page get score -inf and weight +0.0. Scores are one gemv per query over contiguous runs of
    pages (a key's score is one dot product, the same in any run); the weighted sum of values is
-   computed page by page (16 keys), and the pages' partial sums are added in page order. So the
-   arithmetic depends on t and the data only, not on how the sequence's pages are laid out in
-   memory: a contiguous cache and a paged one (minigpt.paging) give the same bits.
+   computed page by page (16 keys). Sums over pages (the softmax's and the values') go by a fixed
+   tree of pairs over the row's own pages; when rows of different lengths share arrays (a decode
+   batch), the shorter rows' extra pages are -0.0 or +0.0, which change no bit of the sum. So the
+   arithmetic depends on t and the data only, not on what else is in the batch nor on how the
+   sequence's pages are laid out in memory: a contiguous cache and a paged one (minigpt.paging)
+   give the same bits.
 
 Everything else in the model (embeddings, LayerNorm, GELU, residual adds) is elementwise or
 reduces along one row. The property tests in tests/properties/ check all of this bit for bit, and
@@ -56,7 +59,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -65,22 +68,33 @@ ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (p
 BLOCK_ELEMENTS = 100_000  # weights per block when many rows share it: ~400 KB, inside a 1 MB L2
 L3_BLOCK_ELEMENTS = 4_000_000  # weights per block when few rows share it: 16 MB, inside a 32 MB L3
 MANY_ROWS = 8  # from this many rows on, blocks are sized for L2 and shared between minigpt's own threads
+GROUP_ROW_PAGES = 64  # query rows x pages attended together: a decode batch of short sequences is one group
 
 # A sequence's keys and values as contiguous runs of pages, in position order: [(k, v), ...],
 # each [n_head, n, head_dim] with n a multiple of PAGE (minigpt.kv_cache.KVCache.segments).
 Segments = Sequence[tuple[np.ndarray, np.ndarray]]
 
 
+@dataclass(frozen=True, eq=False)
+class Queries:
+    """One sequence's part of an attention call: its query rows and the keys and values they see."""
+
+    rows: slice  # its rows in q [n_head, N, head_dim]
+    segments: Segments  # its keys and values, positions 0 .. start + T - 1 at least
+    start: int  # the position of its first query row
+
+
 @dataclass(frozen=True)
 class Kernels:
-    """A kernel set: the model calls only these two functions for anything order-sensitive."""
+    """A kernel set: the model calls only these two functions for anything order-sensitive.
+
+    linear(x [T, n_in], weight [n_out, n_in], bias [n_out] | None) -> [T, n_out]
+    attention(q [H, N, hd], parts: list[Queries], record) -> (out [H, N, hd], per part weights or None)
+    """
 
     name: str
-    # (x [T, n_in], weight [n_out, n_in], bias [n_out] | None) -> [T, n_out]
     linear: Callable[[np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
-    # (q [H, T, hd] at positions start .. start+T-1, segments, start, record)
-    #   -> (out [H, T, hd], weights [H, T, start + T] or None)
-    attention: Callable[..., tuple[np.ndarray, np.ndarray | None]]
+    attention: Callable[[np.ndarray, list[Queries], bool], tuple[np.ndarray, list[np.ndarray | None]]]
 
 
 def _softmax_rows(scores: np.ndarray) -> np.ndarray:
@@ -92,11 +106,10 @@ def _softmax_rows(scores: np.ndarray) -> np.ndarray:
     return scores
 
 
-def _mask_future(scores: np.ndarray, first_query: int) -> np.ndarray:
-    """Give every key after its query the score -inf, in place: scores [..., n, n_keys] of queries at
-    positions first_query .. first_query+n-1 over keys 0 .. n_keys-1."""
-    for r in range(scores.shape[-2]):
-        scores[..., r, first_query + r + 1:] = -np.inf
+def _mask_future(scores: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Give every key after its query the score -inf, in place: scores [H, n, n_keys] of queries at
+    `positions` [n] over keys 0 .. n_keys-1. Their weights become exactly 0.0."""
+    np.copyto(scores, -np.inf, where=np.arange(scores.shape[-1]) > positions[:, None])  # mask [n, n_keys]
     return scores
 
 
@@ -122,18 +135,25 @@ def fast_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> n
     return y if bias is None else y + bias
 
 
-def fast_attention(q, segments: Segments, start: int, record: bool = False):
-    n_head, T, head_dim = q.shape
-    L = start + T  # keys 0 .. L-1 exist
-    parts = _cut(segments, L)
-    # per run [H, T, hd] @ [H, hd, n], joined -> [H, T, L]
-    scores = np.concatenate([q @ k.transpose(0, 2, 1) for k, _ in parts], axis=-1)
-    weights = _softmax_rows(_mask_future(scores / np.float32(math.sqrt(head_dim)), start))
-    out, at = 0, 0
-    for _, v in parts:  # [H, T, n] @ [H, n, hd], summed over the runs -> [H, T, hd]
-        out = out + weights[..., at:at + v.shape[1]] @ v
-        at += v.shape[1]
-    return out, (weights if record else None)
+def fast_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
+    """Causal attention as everyone writes it, one sequence at a time: all of a sequence's queries
+    against all its keys at once. Same contract as `exact_attention`."""
+    out, weights = np.empty_like(q), []  # [H, N, hd]
+    for part in parts:
+        qs = q[:, part.rows]  # [H, T, hd]
+        n_head, T, head_dim = qs.shape
+        runs = _cut(part.segments, part.start + T)  # keys 0 .. start+T-1
+        # per run [H, T, hd] @ [H, hd, n], joined -> [H, T, start+T]
+        scores = np.concatenate([qs @ k.transpose(0, 2, 1) for k, _ in runs], axis=-1)
+        scores /= np.float32(math.sqrt(head_dim))
+        w = _softmax_rows(_mask_future(scores, np.arange(part.start, part.start + T)))
+        total, at = 0, 0
+        for _, v in runs:  # [H, T, n] @ [H, n, hd], summed over the runs -> [H, T, hd]
+            total = total + w[..., at:at + v.shape[1]] @ v
+            at += v.shape[1]
+        out[:, part.rows] = total
+        weights.append(w if record else None)
+    return out, weights
 
 
 # ------------------------------------------------------------------- exact: batch-invariant
@@ -230,36 +250,120 @@ def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> 
     return y if bias is None else y + bias
 
 
-def exact_attention(q, segments: Segments, start: int, record: bool = False):
-    n_head, T, head_dim = q.shape
-    q = np.ascontiguousarray(q)
-    out = np.empty_like(q)  # [H, T, hd]
-    weights_all = np.zeros((n_head, T, start + T), np.float32) if record else None
-    scale = np.float32(math.sqrt(head_dim))
-    first, last = start // PAGE, (start + T - 1) // PAGE
-    for block in range(first, last + 1):  # the queries sharing one padded key length
-        lo, hi = max(start, block * PAGE), min(start + T, (block + 1) * PAGE)
-        rows, n = slice(lo - start, hi - start), hi - lo
-        L = (block + 1) * PAGE  # L(t) for every query t in this block
-        parts = _cut(segments, L)
-        qs = q[:, rows, :, None]  # [H, n, hd, 1]
-        scores = [np.matmul(k[:, None], qs)[..., 0] for k, _ in parts]  # per query and run: [m, hd] @ [hd]
-        scores = scores[0] if len(scores) == 1 else np.concatenate(scores, axis=-1)  # [H, n, L]
-        scores /= scale
-        weights = _softmax_rows(_mask_future(scores, lo))  # [H, n, L]; keys after each query weigh exactly 0.0
-        paged_w = weights.reshape(n_head, n, L // PAGE, 1, PAGE)
-        partials, at = [], 0  # per query and page: [PAGE] @ [PAGE, hd] -> [hd]
-        for _, v in parts:
+class _Unit(NamedTuple):
+    """Query rows of one sequence whose positions lie in one page: they attend to the same keys."""
+
+    part: Queries
+    rows: slice  # in q
+    first: int  # the position of its first row
+    n_pages: int  # pages attended: keys 0 .. PAGE * n_pages - 1
+
+
+def _groups(parts: list[Queries]) -> list[list[_Unit]]:
+    """Every sequence's query rows cut at page edges into units, and consecutive units gathered into
+    groups of at most GROUP_ROW_PAGES rows x pages (a unit alone may have more)."""
+    groups: list[list[_Unit]] = [[]]
+    rows = pages = 0
+    for part in parts:
+        stop = part.start + part.rows.stop - part.rows.start
+        edges = [part.start, *range((part.start // PAGE + 1) * PAGE, stop, PAGE), stop]
+        to_row = part.rows.start - part.start  # position -> row of q
+        for a, b in zip(edges, edges[1:]):
+            unit = _Unit(part, slice(a + to_row, b + to_row), a, a // PAGE + 1)
+            if groups[-1] and (rows + b - a) * max(pages, unit.n_pages) > GROUP_ROW_PAGES:
+                groups.append([])
+                rows = pages = 0
+            groups[-1].append(unit)
+            rows, pages = rows + b - a, max(pages, unit.n_pages)
+    return groups
+
+
+def _add_pages(pages: np.ndarray) -> np.ndarray:
+    """Sum over the third axis by a fixed tree of pairs, ((p0 + p1) + (p2 + p3)) + ...: pages
+    [H, G, P, ...] -> [H, G, ...]; at a level with an odd count the last node moves up alone. A row's
+    pages past its last add nothing: they are -0.0 (x + -0.0 == x for every float x, -0.0 included),
+    or +0.0 in sums of terms >= 0 (the softmax's). So each row's sum is the tree over its own pages
+    alone, however many more the other rows of its group have."""
+    while pages.shape[2] > 1:
+        n = pages.shape[2]
+        up = np.empty(pages.shape[:2] + ((n + 1) // 2,) + pages.shape[3:], pages.dtype)  # P -> ceil(P/2)
+        np.add(pages[:, :, 0:n - 1:2], pages[:, :, 1::2], out=up[:, :, :n // 2])
+        if n % 2:
+            up[:, :, -1] = pages[:, :, -1]
+        pages = up
+    return pages[:, :, 0]
+
+
+def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
+    """Exact attention for one group of units: their rows of out [H, N, hd] are written, and their
+    weights returned, [H, G, L] (G rows; L keys, the group's widest row's)."""
+    n_head, _, head_dim = q.shape
+    sizes = [u.rows.stop - u.rows.start for u in units]
+    at = np.cumsum([0] + sizes)  # unit i has rows at[i] .. at[i+1]-1 of the group
+    rows = np.concatenate([np.arange(u.rows.start, u.rows.stop) for u in units])  # [G] rows of q
+    pos = np.concatenate([np.arange(u.first, u.first + n) for u, n in zip(units, sizes)])  # [G] positions
+    P = max(u.n_pages for u in units)
+    G, L = len(rows), PAGE * P
+
+    # pass 1: scores. One gemv per query over each run of its keys, [m, hd] @ [hd] -> [m]: a key's
+    # score is one dot product, the same whatever run or group it is computed in.
+    scores = np.empty((n_head, G, L), np.float32)  # [H, G, L]
+    for u, a, b in zip(units, at, at[1:]):
+        scores[:, a:b, PAGE * u.n_pages:] = -np.inf  # keys past the unit's own
+        key = 0
+        for k, _ in _cut(u.part.segments, PAGE * u.n_pages):
+            m = k.shape[1]
+            scores[:, a:b, key:key + m] = np.matmul(k[:, None], q[:, u.rows, :, None])[..., 0]  # [H, n, m]
+            key += m
+
+    # pass 2: scale, hide the future, softmax. The maximum does not depend on order; the sum is
+    # taken page by page (16 keys, a fixed order), then over the pages by a fixed tree.
+    scores /= np.float32(math.sqrt(head_dim))
+    _mask_future(scores, pos)  # keys after each query: weight exactly 0.0
+    scores -= scores.max(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    page_sums = scores.reshape(n_head, G, P, PAGE).sum(axis=-1)  # [H, G, P]
+    weights = scores / _add_pages(page_sums)[..., None]  # [H, G, L]
+
+    # pass 3: the weighted sum of values, one page (16 keys) at a time: [PAGE] @ [PAGE, hd] -> [hd].
+    partials = np.empty((n_head, G, P, head_dim), np.float32)  # [H, G, P, hd]
+    for u, a, b in zip(units, at, at[1:]):
+        partials[:, a:b, u.n_pages:] = -0.0  # pages past the unit's last add nothing
+        page = 0
+        for _, v in _cut(u.part.segments, PAGE * u.n_pages):
             p = v.shape[1] // PAGE
-            pages_v = v.reshape(n_head, 1, p, PAGE, head_dim)  # [H, 1, p, PAGE, hd]
-            partials.append(np.matmul(paged_w[:, :, at:at + p], pages_v)[:, :, :, 0])  # [H, n, p, hd]
-            at += p
-        by_page = partials[0] if len(partials) == 1 else np.concatenate(partials, axis=2)  # [H, n, L/PAGE, hd]
-        out[:, rows] = by_page.transpose(0, 1, 3, 2).copy().sum(axis=-1)  # pages added along one contiguous row
-        if record:
-            n_keys = min(L, start + T)
-            weights_all[:, rows, :n_keys] = weights[..., :n_keys]  # keys past L are never computed: 0
-    return out, weights_all
+            w = weights[:, a:b, page * PAGE:(page + p) * PAGE].reshape(n_head, b - a, p, 1, PAGE)
+            partials[:, a:b, page:page + p] = np.matmul(w, v.reshape(n_head, 1, p, PAGE, head_dim))[..., 0, :]
+            page += p
+
+    # pass 4: each query's pages added up by the same tree of pairs.
+    out[:, rows] = _add_pages(partials)  # [H, G, P, hd] -> [H, G, hd]
+    return weights
+
+
+def exact_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
+    """Causal attention, each row bitwise independent of every other row and of the cache's layout.
+
+    q [H, N, hd]: the query rows of every sequence in `parts`. Returns (out [H, N, hd], weights):
+    with `record`, each part's weights [H, T, start + T], else Nones. Query position t attends to
+    keys 0 .. L(t)-1 with L(t) = PAGE * (t // PAGE + 1), whatever else is computed with it. Rows
+    go in groups of up to GROUP_ROW_PAGES rows x pages (a decode batch of short sequences together,
+    a prefill one page of positions at a time), each group in four passes (`_attend`).
+    """
+    q = np.ascontiguousarray(q)
+    out = np.empty_like(q)  # [H, N, hd]
+    weights = {id(p): np.zeros((q.shape[0], p.rows.stop - p.rows.start, p.start + p.rows.stop - p.rows.start),
+                               np.float32) for p in parts} if record else {}
+    for units in _groups(parts):
+        w = _attend(q, units, out)  # [H, G, L]
+        g = 0
+        for u in units if record else ():
+            n = u.rows.stop - u.rows.start
+            full = weights[id(u.part)]  # [H, T, start + T]
+            n_keys = min(w.shape[-1], full.shape[-1])
+            full[:, u.first - u.part.start:u.first - u.part.start + n, :n_keys] = w[:, g:g + n, :n_keys]
+            g += n
+    return out, [weights.get(id(p)) for p in parts]
 
 
 EXACT = Kernels("exact", exact_linear, exact_attention)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels import Kernels
+from .kernels import Kernels, Queries
 from .kv_cache import KVCache
 from .params import MLP, Attention, Block, LayerNorm
 
@@ -66,10 +66,8 @@ def attention(x, p: Attention, n_head: int, layer: int, spans: list[Span], kerne
     qkv = kernels.linear(x, p.c_attn.weight, p.c_attn.bias)  # [N, C] -> [N, 3C]
     q, k, v = (split_heads(a, n_head) for a in np.split(qkv, 3, axis=-1))  # 3 x [n_head, N, head_dim]
     store_keys_values(spans, layer, k, v)
-    out, weights = np.empty_like(q), []
-    for s in spans:
-        out[:, s.rows], w = kernels.attention(q[:, s.rows], s.cache.segments(layer, s.runs), s.start, record)
-        weights.append(w)
+    parts = [Queries(s.rows, s.cache.segments(layer, s.runs), s.start) for s in spans]
+    out, weights = kernels.attention(q, parts, record)  # [n_head, N, head_dim]
     return kernels.linear(merge_heads(out), p.c_proj.weight, p.c_proj.bias), weights  # [N, C]
 
 

@@ -103,7 +103,7 @@ def test_proof_fails_where_a_kernel_depends_on_how_many_rows_it_is_given(tiny_mo
 
 
 def test_proof_fails_where_the_mask_leaks(tiny_model, monkeypatch):
-    monkeypatch.setattr(minigpt.kernels, "_mask_future", lambda scores, first_query: scores)
+    monkeypatch.setattr(minigpt.kernels, "_mask_future", lambda scores, positions: scores)
     proof = prove(tiny_model, PROMPT, 3)
     assert not proof.holds
     assert proof.rows[1].verdicts["masked"] is False and proof.rows[2].verdicts["causal"] is False

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from minigpt.kernels import EXACT, FAST
+from minigpt.kernels import EXACT, FAST, Queries
 from minigpt.layers import gelu, layer_norm, merge_heads, split_heads
 from minigpt.params import LayerNorm
 
@@ -88,7 +88,7 @@ def test_attention_matches_float64_reference(kernels, start, T, rng):
     k_buf[:, :L] = rng.standard_normal((H, L, hd), dtype=np.float32)
     v_buf[:, :L] = rng.standard_normal((H, L, hd), dtype=np.float32)
     q = rng.standard_normal((H, T, hd), dtype=np.float32)
-    out, weights = kernels.attention(q, [(k_buf, v_buf)], start, True)
+    out, (weights,) = kernels.attention(q, [Queries(slice(0, T), [(k_buf, v_buf)], start)], True)
     ref_out, ref_w = reference_attention(q, k_buf[:, :L], v_buf[:, :L])
     assert out.dtype == np.float32 and weights.dtype == np.float32
     assert weights.shape == (H, T, L)
@@ -116,11 +116,31 @@ def test_attention_over_pages_scattered_in_runs_equals_one_contiguous_run(kernel
     k = rng.standard_normal((H, 64, hd), dtype=np.float32)
     v = rng.standard_normal((H, 64, hd), dtype=np.float32)
     q = rng.standard_normal((H, T, hd), dtype=np.float32)
-    whole, _ = kernels.attention(q, [(k, v)], start)
+    whole, _ = kernels.attention(q, [Queries(slice(0, T), [(k, v)], start)])
     cuts = [0, 16, 48, 64]  # runs of 1, 2 and 1 pages, each its own array
     runs = [(k[:, a:b].copy(), v[:, a:b].copy()) for a, b in zip(cuts, cuts[1:])]
-    paged, _ = kernels.attention(q, runs, start)
+    paged, _ = kernels.attention(q, [Queries(slice(0, T), runs, start)])
     if kernels is EXACT:
         np.testing.assert_array_equal(paged.view(np.uint32), whole.view(np.uint32))
     else:
         assert rel_err(paged, whole) < 1e-6
+
+
+def test_exact_attention_of_a_sequence_is_bitwise_the_same_beside_longer_ones(rng):
+    """A decode row attends over its own pages; beside sequences with more pages (whose extra pages
+    pad its sums in a shared array) its output is bit for bit what it is alone, signed zeros
+    included (its values here are all -0.0)."""
+    H, hd = 4, 16
+    short_k = rng.standard_normal((H, 16, hd), dtype=np.float32)
+    short_v = np.full((H, 16, hd), -0.0, np.float32)
+    long_k = rng.standard_normal((H, 320, hd), dtype=np.float32)  # 20 pages: sums over 8 or more
+    long_v = rng.standard_normal((H, 320, hd), dtype=np.float32)  # pages reassociate if pads count
+    q = rng.standard_normal((H, 3, hd), dtype=np.float32)
+    alone, _ = EXACT.attention(q[:, :1], [Queries(slice(0, 1), [(short_k, short_v)], 9)])
+    parts = [Queries(slice(0, 1), [(short_k, short_v)], 9), Queries(slice(1, 2), [(long_k, long_v)], 310),
+             Queries(slice(2, 3), [(long_k[:, :144], long_v[:, :144])], 140)]
+    together, _ = EXACT.attention(q, parts)
+    np.testing.assert_array_equal(together[:, :1].view(np.uint32), alone.view(np.uint32))
+    for i, p in enumerate(parts[1:], 1):
+        single, _ = EXACT.attention(q[:, i:i + 1], [Queries(slice(0, 1), p.segments, p.start)])
+        np.testing.assert_array_equal(together[:, i:i + 1].view(np.uint32), single.view(np.uint32))

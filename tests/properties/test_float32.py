@@ -23,10 +23,10 @@ def checking(kernels: Kernels, seen: list) -> Kernels:
         seen.extend((x.dtype, weight.dtype, y.dtype) + (() if bias is None else (bias.dtype,)))
         return y
 
-    def attention(q, segments, start, record=False):
-        out, weights = kernels.attention(q, segments, start, record)
-        seen.extend((q.dtype, *(a.dtype for kv in segments for a in kv), out.dtype)
-                    + (() if weights is None else (weights.dtype,)))
+    def attention(q, parts, record=False):
+        out, weights = kernels.attention(q, parts, record)
+        seen.extend((q.dtype, *(a.dtype for p in parts for kv in p.segments for a in kv), out.dtype,
+                     *(w.dtype for w in weights if w is not None)))
         return out, weights
 
     return Kernels(kernels.name, linear, attention)
