@@ -143,6 +143,11 @@ class Checked:
     tokens_equal: bool  # the cached loop chose the same token at every step
 
 
+def first_new_position(loop_step: Step) -> int:
+    """The first position a loop's forward computed at this step (0 in the naive loop)."""
+    return loop_step.cache.length - loop_step.trace.hidden[0].shape[0]
+
+
 def old_positions_unchanged(step: int, now: dict, before: dict | None) -> list[Comparison]:
     """Check 1: the naive loop's snapshot `now` holds, at the positions of the step `before`, the same bits."""
     if before is None:
@@ -168,11 +173,6 @@ def cached_equals_naive(config: GPT2Config, step: int, naive_now: dict, naive: S
     new = slice(first_new_position(cached), cached.cache.length)
     return [*compare_snapshots("cached", step, naive_now, snapshot(config, cached.trace, cached.cache), new),
             compare("cached", step, "logits", "logits", naive.logits[None], cached.logits[None], new.stop - 1)]
-
-
-def first_new_position(loop_step: Step) -> int:
-    """The first position a loop's forward computed at this step (0 in the naive loop)."""
-    return loop_step.cache.length - loop_step.trace.hidden[0].shape[0]
 
 
 def check_loops(model: Model, prompt: list[int], n_steps: int) -> Checked:
