@@ -84,8 +84,11 @@ def report(s: Staircase, args: argparse.Namespace) -> str:
     p = s.predicted
     per_token = [[f"{i}", f"{n * 1e3:.1f}", f"{c * 1e3:.1f}"]
                  for i, (n, c) in enumerate(zip(s.seconds["naive"], s.seconds["cached"]), start=1)]
-    summary = [[mode, *(f"{m[key]:.1f}" for key in ("first_ms", "last_ms", "median_ms")), f"{m['total_s']:.2f}"]
-               for mode, m in ((mode, s.summary(mode)) for mode in MODES)]
+    summary = []
+    for mode in MODES:
+        m = s.summary(mode)
+        summary.append([mode, f"{m['first_ms']:.1f}", f"{m['last_ms']:.1f}", f"{m['median_ms']:.1f}",
+                        f"{m['total_s']:.2f}"])
     lines = [f"{args.model} ({args.kernels} kernels): {p.prompt}-token prompt, {p.reply} new tokens per loop", "",
              *table([["token", "naive ms", "cached ms"], *per_token], ">>>"), "",
              *table([["", "first ms", "last ms", "median ms", "total s"], *summary], "<>>>>"), "",
