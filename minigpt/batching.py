@@ -90,7 +90,7 @@ def run(model: Model, requests: list[Request], pool: PagePool, max_batch_size: i
     try:
         for i, s in enumerate(seqs):
             if s.done:  # max_new_tokens == 0
-                yield i, s.result()
+                yield i, s.result(use_cache=True)
         while waiting or running:
             preempted = False
             for i in list(running):  # oldest first: the newest is preempted first
@@ -123,7 +123,7 @@ def run(model: Model, requests: list[Request], pool: PagePool, max_batch_size: i
             for i in [i for i in running if seqs[i].done]:
                 running.remove(i)
                 pool.release(caches[i])
-                yield i, seqs[i].result()
+                yield i, seqs[i].result(use_cache=True)
     finally:
         for cache in caches.values():
             pool.release(cache)

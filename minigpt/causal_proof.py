@@ -3,19 +3,22 @@
 `prove` runs both generation loops of minigpt.generate side by side on a real model and checks, on
 the bits, every claim of the argument in docs/exactness.md: old positions never change, masked
 weights are +0.0, unseen tokens reach no earlier position, and the cached loop computes the naive
-loop's numbers. It returns the verdicts as data; `python -m minigpt prove` prints them.
+loop's numbers. It returns the verdicts as data; `python -m minigpt prove` (minigpt.cli.prove)
+prints them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
 from .config import GPT2Config
+from .cost import token_counts
 from .errors import check_int
-from .generate import steps
+from .generate import Step, steps
 from .sequence import Sequence, make_request, prepare_prompt
 from .kernels import FAST
 from .kv_cache import KVCache
@@ -112,32 +115,23 @@ def compare_snapshots(check: str, step: int, a: dict, b: dict, rows: slice) -> l
             for layer, quantity in b]
 
 
-def masked_weights(config: GPT2Config, step: int, trace: Trace, start: int) -> list[Comparison]:
-    """Each layer's attention weights on future keys (key > query) against exact +0.0."""
-    comparisons = []
-    for name, weights in zip(layer_names(config)[1:-1], trace.attention):  # [H, T, start + T]
-        _, T, S = weights.shape
-        future = np.arange(S) > (start + np.arange(T))[:, None]  # [T, S]
-        on_future = merge_heads(np.where(future, weights, np.float32(0.0)))  # [H, T, S] -> [T, H*S]
-        comparisons.append(compare("masked", step, name, "weights", on_future, np.zeros_like(on_future), start))
-    return comparisons
-
-
 # ------------------------------------------------------------------------------- the checks
 
 
 @dataclass(frozen=True)
 class Work:
-    """Tokens pushed through the model, as counted while the loops ran.
-
-    naive = P*N + N(N-1)/2 (step s feeds all P + s tokens); cached = P + N - 1 (the prefill of P,
-    then one token per step; the N-th new token is returned, never fed). Each of the naive loop's
-    extra naive - cached positions is one it had computed already at an earlier step.
-    """
+    """Tokens pushed through the model by the two loops (minigpt.cost.token_counts): naive
+    P*N + N(N-1)/2, cached P + N - 1. Each of the naive loop's extra naive - cached positions is one
+    it had computed already at an earlier step."""
 
     naive: int
     cached: int
     repeated_share: float  # (naive - cached) / naive: the naive loop's work that was pure repetition
+
+
+def work_of(prompt_len: int, n_steps: int) -> Work:
+    naive, cached = token_counts(prompt_len, n_steps)
+    return Work(naive, cached, 1 - cached / naive)
 
 
 @dataclass(frozen=True)
@@ -147,38 +141,60 @@ class Checked:
     comparisons: tuple[Comparison, ...]  # in the order run
     tokens: tuple[int, ...]  # the naive loop's tokens
     tokens_equal: bool  # the cached loop chose the same token at every step
-    work: Work
+
+
+def first_new_position(loop_step: Step) -> int:
+    """The first position a loop's forward computed at this step (0 in the naive loop)."""
+    return loop_step.cache.length - loop_step.trace.hidden[0].shape[0]
+
+
+def old_positions_unchanged(step: int, now: dict, before: dict | None) -> list[Comparison]:
+    """Check 1: the naive loop's snapshot `now` holds, at the positions of the step `before`, the same bits."""
+    if before is None:
+        return []
+    n_before = before["embeddings", "hidden"].shape[0]
+    return compare_snapshots("unchanged", step, now, before, slice(0, n_before))
+
+
+def masked_weights(config: GPT2Config, step: int, loop_step: Step) -> list[Comparison]:
+    """Check 2: each layer's attention weights on future keys (key > query) against exact +0.0."""
+    start = first_new_position(loop_step)
+    comparisons = []
+    for name, weights in zip(layer_names(config)[1:-1], loop_step.trace.attention):  # [H, T, start + T]
+        _, T, S = weights.shape
+        future = np.arange(S) > (start + np.arange(T))[:, None]  # [T, S]
+        on_future = merge_heads(np.where(future, weights, np.float32(0.0)))  # [H, T, S] -> [T, H*S]
+        comparisons.append(compare("masked", step, name, "weights", on_future, np.zeros_like(on_future), start))
+    return comparisons
+
+
+def cached_equals_naive(config: GPT2Config, step: int, naive_now: dict, naive: Step, cached: Step) -> list[Comparison]:
+    """Check 4: the positions the cached loop computed at this step, and its logits, against the naive loop's."""
+    new = slice(first_new_position(cached), cached.cache.length)
+    return [*compare_snapshots("cached", step, naive_now, snapshot(config, cached.trace, cached.cache), new),
+            compare("cached", step, "logits", "logits", naive.logits[None], cached.logits[None], new.stop - 1)]
 
 
 def check_loops(model: Model, prompt: list[int], n_steps: int) -> Checked:
     """Checks 1, 2 and 4: run the naive and the cached loop side by side, step by step."""
     config = model.config
-    def loop(use_cache: bool):
-        return steps(model, Sequence(make_request(model, prompt, n_steps, stop_at_eos=False)), use_cache=use_cache,
-                     record=True)
 
-    naive_loop, cached_loop = loop(False), loop(True)
-    comparisons, tokens, tokens_equal, naive_work, previous = [], [], True, 0, None
-    for step, (naive, cached) in enumerate(zip(naive_loop, cached_loop)):
-        L = naive.cache.length  # this step's sequence length; its throwaway cache holds all of it
-        naive_work += L
-        now = snapshot(config, naive.trace, naive.cache)
-        if previous is not None:  # 1: the positions of the step before
-            comparisons += compare_snapshots("unchanged", step, now, previous, slice(0, L - 1))
-        previous = now
-        new = cached.trace.hidden[0].shape[0]  # positions the cached loop computed this step
-        comparisons += masked_weights(config, step, naive.trace, 0)  # 2
-        comparisons += masked_weights(config, step, cached.trace, L - new)
-        if tokens_equal:  # 4 (after a different token the two loops continue different sequences)
-            comparisons += compare_snapshots("cached", step, now, snapshot(config, cached.trace, cached.cache),
-                                             slice(L - new, L))
-            comparisons.append(compare("cached", step, "logits", "logits", naive.logits[None], cached.logits[None],
-                                       L - 1))
+    def loop(use_cache: bool) -> Iterator[Step]:
+        request = make_request(model, prompt, n_steps, stop_at_eos=False)
+        return steps(model, Sequence(request), use_cache=use_cache, record=True)
+
+    comparisons, tokens, tokens_equal = [], [], True
+    before = None  # the naive loop's snapshot at the step before
+    for step, (naive, cached) in enumerate(zip(loop(False), loop(True))):
+        now = snapshot(config, naive.trace, naive.cache)  # every position so far
+        comparisons += old_positions_unchanged(step, now, before)
+        comparisons += masked_weights(config, step, naive) + masked_weights(config, step, cached)
+        if tokens_equal:  # after a different token the two loops continue different sequences
+            comparisons += cached_equals_naive(config, step, now, naive, cached)
             tokens_equal = naive.token == cached.token
         tokens.append(naive.token)
-    cached_work = cached.cache.length
-    return Checked(tuple(comparisons), tuple(tokens), tokens_equal,
-                   Work(naive_work, cached_work, 1 - cached_work / naive_work))
+        before = now
+    return Checked(tuple(comparisons), tuple(tokens), tokens_equal)
 
 
 def check_causality(model: Model, prompt: list[int], tokens: tuple[int, ...]) -> list[Comparison]:
@@ -206,15 +222,11 @@ def check_causality(model: Model, prompt: list[int], tokens: tuple[int, ...]) ->
 def check_all(model: Model, prompt: list[int], n_steps: int) -> Checked:
     """Checks 1 to 4 with the model's kernels."""
     loops = check_loops(model, prompt, n_steps)
-    causal = check_causality(model, prompt, loops.tokens)
+    causal = check_causality(model, prompt, loops.tokens)  # 3
     return dataclasses.replace(loops, comparisons=loops.comparisons + tuple(causal))
 
 
 # ------------------------------------------------------------------------------- the result
-
-LABELS = {"unchanged": "old positions unchanged", "masked": "masked weights = +0.0",
-          "causal": "unseen tokens changed", "cached": "cached loop = naive loop"}
-MARK = {True: "yes", False: "NO", None: "-"}
 
 
 @dataclass(frozen=True)
@@ -271,61 +283,11 @@ class Proof:
     work: Work
     drifts: tuple[Drift, ...]  # the kernels checked, then (if they were not fast) the fast kernels
 
-    def __str__(self) -> str:
-        return render(self)
-
     @property
     def holds(self) -> bool:
         """True when every applicable check held bit for bit and the two loops chose the same tokens."""
         verdicts = [v for row in self.rows for v in row.verdicts.values() if v is not None]
         return all(verdicts) and self.drifts[0].tokens_equal
-
-
-def render(proof: Proof) -> str:
-    """The verdict table, the work counted, each kernel set's drift and the result."""
-    widths = (8, 8, 8, 8, 9, 9)
-    lines = [
-        f"kernels {proof.kernels}: a {proof.prompt_len}-token prompt, {proof.steps} greedy steps, "
-        "naive loop against KV-cache loop",
-        "",
-        f"{'':12}{'old positions unchanged':<24}{'masked':<8}{'unseen':<9}{'cached':<9}{'largest':>8}",
-        f"{'layer':<12}{'hidden':<8}{'K':<8}{'V':<8}{'= +0.0':<8}{'changed':<9}{'= naive':<9}{'diff':>8}",
-    ]
-    for row in proof.rows:
-        cells = "".join(f"{MARK[row.verdicts[c]]:<{w}}" for c, w in zip(COLUMNS, widths))
-        lines.append(f"{row.layer:<12}{cells}{row.scale_ulp:>8.3g}")
-    w, P, N = proof.work, proof.prompt_len, proof.steps
-    lines += [
-        "(largest diff: in ULPs at the layer's scale, the float32 spacing at its largest value; 0: bit for bit)",
-        "",
-        f"tokens: cached loop == naive loop at every step: {MARK[proof.drifts[0].tokens_equal]}",
-        f"work: naive loop {w.naive} tokens through the model (P*N + N(N-1)/2 = {P}*{N} + {N * (N - 1) // 2}), "
-        f"cached loop {w.cached} (P + N - 1);",
-        f"      {w.naive - w.cached} of the naive loop's {w.naive} ({w.repeated_share:.1%}) were positions "
-        "it had already computed",
-        *(describe(d) for d in proof.drifts),
-        "result: " + ("HOLDS: every check passed bit for bit" if proof.holds else
-                      f"FAILS with the {proof.kernels} kernels (see the NO cells and the drift)"),
-    ]
-    return "\n".join(lines)
-
-
-def describe(drift: Drift) -> str:
-    """Where each check's first bits changed, and the largest change."""
-    head = f"drift, {drift.kernels} kernels:"
-    if not any(drift.first.values()):
-        return f"{head} none; every compared bit is identical"
-    lines = [f"{head} where each check first saw bits change"]
-    for check, c in drift.first.items():
-        where = "nowhere" if c is None else (
-            f"step {c.step}, {c.layer if c.quantity in ('hidden', 'logits') else f'{c.layer} {c.quantity}'}, "
-            f"position {c.position}")
-        lines.append(f"  {LABELS[check]:<26}{where}")
-    lines += [f"  largest difference {drift.scale_ulp:.3g} ULP at the layer's scale ({drift.max_abs:.3g} absolute; "
-              f"{drift.max_ulp} ULP between raw",
-              "  bit patterns, which count the tiny ULPs near 0.0); tokens "
-              + ("the same" if drift.tokens_equal else "DIFFERENT")]
-    return "\n".join(lines)
 
 
 def prove(model: Model, prompt_ids, n_steps: int = 8) -> Proof:
@@ -337,4 +299,4 @@ def prove(model: Model, prompt_ids, n_steps: int = 8) -> Proof:
     if model.kernels is not FAST:
         drifts.append(drift_of(FAST.name, check_all(dataclasses.replace(model, kernels=FAST), prompt, n_steps)))
     return Proof(model.kernels.name, len(prompt), n_steps, checked.tokens, rows_of(model.config, checked.comparisons),
-                 checked.work, tuple(drifts))
+                 work_of(len(prompt), n_steps), tuple(drifts))

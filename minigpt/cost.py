@@ -71,7 +71,7 @@ class Cost:
     naive_flops: int
     cached_flops: int
     kv_bytes_per_token: int
-    kv_bytes_total: int  # the whole sequence, P + N positions
+    kv_bytes_total: int  # every position the cache holds: the cached_tokens fed
     weight_bytes_per_token: int  # every weight matrix read once per decoded token, in `dtype`
 
     @property
@@ -87,14 +87,14 @@ class Cost:
         return self.prompt + self.reply <= self.arch.n_positions
 
 
-def naive_tokens(prompt: int, reply: int) -> int:
-    """The lesson's count: step n = 0 .. N-1 feeds all P + n tokens so far (the last new one is never fed)."""
-    return prompt * reply + reply * (reply - 1) // 2
+def token_counts(prompt: int, reply: int) -> tuple[int, int]:
+    """Tokens pushed through the model for P prompt tokens and N >= 1 new ones: (naive loop, KV-cache loop).
 
-
-def cached_tokens(prompt: int, reply: int) -> int:
-    """The lesson's count, P + N: it includes the last new token, which `minigpt.generate` never feeds."""
-    return prompt + reply
+    Naive: step n = 0 .. N-1 feeds all P + n tokens so far, P*N + N(N-1)/2. Cached: the prompt once,
+    then every new token but the last, which is returned and never fed back, P + N - 1. The lesson
+    counts P + N cached tokens (768 for 512 + 256): a loop that also feeds its last token.
+    """
+    return prompt * reply + reply * (reply - 1) // 2, prompt + reply - 1
 
 
 def _flops(arch: Architecture, positions: int, keys_seen: int, lm_heads: int) -> int:
@@ -117,12 +117,14 @@ def _tetrahedral(m: int) -> int:
 def naive_flops(arch: Architecture, prompt: int, reply: int) -> int:
     """Step n = 0 .. N-1 is a full forward over P + n positions; summed in closed form."""
     keys_seen = _tetrahedral(prompt + reply - 1) - _tetrahedral(prompt - 1)
-    return _flops(arch, naive_tokens(prompt, reply), keys_seen, reply)
+    return _flops(arch, token_counts(prompt, reply)[0], keys_seen, reply)
 
 
 def cached_flops(arch: Architecture, prompt: int, reply: int) -> int:
-    """Every position of `cached_tokens` once (the prefill, then one per step); the LM head once per new token."""
-    return _flops(arch, cached_tokens(prompt, reply), _triangular(prompt + reply), reply)
+    """Every position fed once (the prefill, then one per step), position t seeing t + 1 keys; the LM
+    head once per new token."""
+    positions = token_counts(prompt, reply)[1]
+    return _flops(arch, positions, _triangular(positions), reply)
 
 
 def kv_bytes_per_token(arch: Architecture, dtype: str) -> int:
@@ -137,7 +139,7 @@ def estimate(arch: Architecture, prompt: int, reply: int, dtype: str | None = No
     if dtype not in DTYPE_BYTES:
         raise InputError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     per_token = kv_bytes_per_token(arch, dtype)
-    return Cost(arch, prompt, reply, dtype,
-                naive_tokens(prompt, reply), cached_tokens(prompt, reply),
+    naive, cached = token_counts(prompt, reply)
+    return Cost(arch, prompt, reply, dtype, naive, cached,
                 naive_flops(arch, prompt, reply), cached_flops(arch, prompt, reply),
-                per_token, per_token * (prompt + reply), arch.matrix_params * DTYPE_BYTES[dtype])
+                per_token, per_token * cached, arch.matrix_params * DTYPE_BYTES[dtype])

@@ -36,7 +36,7 @@ class Step:
     trace: Trace | None
 
 
-def steps(model: Model, seq: Sequence, *, use_cache: bool = True, record: bool = False) -> Iterator[Step]:
+def steps(model: Model, seq: Sequence, *, use_cache: bool, record: bool = False) -> Iterator[Step]:
     """The loop over a checked request: one forward and one new token per step, until it ends."""
     cache = model.new_cache(seq.request.max_positions) if use_cache else None
     while not seq.done:
@@ -53,12 +53,14 @@ def steps(model: Model, seq: Sequence, *, use_cache: bool = True, record: bool =
         yield Step(token, logits, step_cache, trace)
 
 
-def start(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
-          temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-          seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
-          truncate_prompt: bool = False, speculate=None, draft_tokens: int = 4) -> tuple[Sequence, Iterator]:
-    """Check a request now, before any work; return its sequence and the loop, not yet started.
-    The loop yields after every model step; the sequence holds what the steps produced."""
+def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, *, use_cache: bool, temperature: float,
+                       top_k: int | None, top_p: float | None, seed: int | None, stop_at_eos: bool, stop,
+                       top_logprobs: int, truncate_prompt: bool, speculate,
+                       draft_tokens: int) -> tuple[Sequence, Iterator]:
+    """Check a request now, before any work; return its sequence and its loop, not yet started: the
+    cached or naive `steps`, or speculative ones. The loop yields after every model step; the
+    sequence holds what the steps produced. No defaults here: they are `generate`'s, which `stream`
+    repeats (a test keeps the two signatures equal)."""
     request = make_request(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs,
                            truncate_prompt=truncate_prompt)
@@ -86,10 +88,10 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     on_step(tokens so far, that token's seconds) is called after each token (a progress bar); its
     own time is not counted in the next token's.
     """
-    seq, loop = start(model, prompt_ids, max_new_tokens, use_cache=use_cache, temperature=temperature,
-                      top_k=top_k, top_p=top_p, seed=seed, stop_at_eos=stop_at_eos, stop=stop,
-                      top_logprobs=top_logprobs, truncate_prompt=truncate_prompt, speculate=speculate,
-                      draft_tokens=draft_tokens)
+    seq, loop = sequence_and_steps(
+        model, prompt_ids, max_new_tokens, use_cache=use_cache, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs, truncate_prompt=truncate_prompt,
+        speculate=speculate, draft_tokens=draft_tokens)
     reported = 0
     for _ in loop:
         if on_step is not None:
@@ -99,11 +101,17 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     return seq.result(use_cache)
 
 
-def stream(model: Model, prompt_ids, max_new_tokens: int = 40, **options) -> Iterator[StreamedToken]:
-    """Yield the new tokens as they are produced, each with its log-probabilities. Takes
-    `generate`'s options, checked at the call. With stop strings a token is held back until it is
-    sure not to be part of one."""
-    seq, loop = start(model, prompt_ids, max_new_tokens, **options)
+def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
+           temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+           seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
+           truncate_prompt: bool = False, speculate=None, draft_tokens: int = 4) -> Iterator[StreamedToken]:
+    """Yield the new tokens as they are produced, each with its log-probabilities: `generate`'s
+    parameters (without on_step), checked at the call. With stop strings a token is held back until
+    it is sure not to be part of one."""
+    seq, loop = sequence_and_steps(
+        model, prompt_ids, max_new_tokens, use_cache=use_cache, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs, truncate_prompt=truncate_prompt,
+        speculate=speculate, draft_tokens=draft_tokens)
 
     def tokens() -> Iterator[StreamedToken]:
         shown = 0

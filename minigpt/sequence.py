@@ -106,7 +106,7 @@ class GenerationResult:
     logprobs: list[float]  # log P(token | everything before it) under the model's raw distribution
     top_logprobs: list[list[tuple[int, float]]] | None  # per token, the N most likely (id, logprob); None: not asked
     finish_reason: str  # "eos", "length" or "stop"
-    use_cache: bool = True
+    use_cache: bool  # the cached loop (every loop but generate's naive one)
     preemptions: int = 0  # times a batch scheduler took its cache away (minigpt.batching)
     drafted: int = 0  # tokens proposed by a speculative drafter (minigpt.speculative)
     accepted: int = 0  # of those, how many the model accepted
@@ -217,7 +217,7 @@ class Sequence:
         self.finish_reason = reason
         self.released = len(self.tokens)
 
-    def result(self, use_cache: bool = True) -> GenerationResult:
+    def result(self, use_cache: bool) -> GenerationResult:
         return GenerationResult(
             list(self.request.prompt), list(self.tokens), list(self.seconds), list(self.logprobs),
             [list(t) for t in self.top_logprobs] if self.request.top_logprobs else None,

@@ -17,6 +17,7 @@ import minigpt.kernels
 from minigpt.causal_proof import COLUMNS, compare, prove
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
+from minigpt.cli.prove import render
 from minigpt.config import GPT2Config
 from minigpt.errors import InputError
 from minigpt.kernels import EXACT, Kernels
@@ -59,8 +60,8 @@ def proof(tiny_model):
 
 
 def rendered(proof) -> str:
-    """The proof renders itself as its table (what `python -m minigpt prove` prints after the model line)."""
-    return str(proof)
+    """The proof's table, as `python -m minigpt prove` prints it after the model line."""
+    return render(proof)
 
 
 def test_proof_holds_on_the_exact_kernels_in_every_cell_that_applies(proof, tiny_model):

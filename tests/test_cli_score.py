@@ -44,7 +44,7 @@ def test_the_table_shows_every_token_escaped_and_the_totals(capsys, tiny_model, 
     assert code == 0 and err == ""
     ids = minigpt.encode(tokenizer, TEXT)
     logprobs = minigpt.score(tiny_model, ids)
-    rows = [line.split() for line in out.splitlines() if line[:6].strip().isdigit()]
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
     assert [int(row[1]) for row in rows] == ids  # one line per token: no raw newline or tab breaks the table
     assert [row[-1] for row in rows] == ["-", *(f"{x:.4f}" for x in logprobs)]
     assert "'\\n'" in out and "'\\t'" in out  # shown escaped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,43 +12,73 @@ import pytest
 from minigpt.cli import main
 from minigpt.cli.cost import times
 from minigpt.config import GPT2_SIZES
-from minigpt.cost import ARCHITECTURES, _flops, _triangular, estimate, gpt2_architecture
+from minigpt.cost import ARCHITECTURES, estimate, gpt2_architecture
 from minigpt.errors import InputError
+from minigpt.generate import steps
 from minigpt.kv_cache import new_cache
 from minigpt.params import random_params
+from minigpt.sequence import Sequence, make_request
 
 GPT2 = ARCHITECTURES["gpt2"]
 LLAMA = ARCHITECTURES["llama-3-8b"]
 STAIRCASE_MD = Path(__file__).resolve().parents[1] / "docs" / "staircase.md"
 
 
-def test_lesson_512_plus_256_is_163712_tokens_against_768():
+def test_lesson_512_plus_256_is_163712_naive_tokens_against_our_767_and_the_lessons_768():
+    """The lesson's 768 = P + N counts a loop that also feeds its last token; minigpt's feeds P + N - 1."""
     c = estimate(GPT2, 512, 256)
-    assert (c.naive_tokens, c.cached_tokens) == (163_712, 768)
-    assert round(c.ratio) == 213
+    assert (c.naive_tokens, c.cached_tokens, c.prompt + c.reply) == (163_712, 767, 768)
+    assert round(c.ratio) == 213 == round(163_712 / 768)
 
 
-@pytest.mark.parametrize("prompt, reply, naive, cached, ratio", [(2048, 512, 1_179_392, 2_560, 461),
-                                                                  (8192, 1024, 8_912_384, 9_216, 967)])
+@pytest.mark.parametrize("prompt, reply, naive, cached, ratio", [(2048, 512, 1_179_392, 2_559, 461),
+                                                                  (8192, 1024, 8_912_384, 9_215, 967)])
 def test_lesson_longer_requests_ratios(prompt, reply, naive, cached, ratio):
-    """2,048 + 512 gives 461x; 8,192 + 1,024 gives 967x, the lesson's "almost 1,000x"."""
+    """2,048 + 512 gives 461x; 8,192 + 1,024 gives 967x, the lesson's "almost 1,000x" (P + N: the same)."""
     c = estimate(GPT2, prompt, reply)
     assert (c.naive_tokens, c.cached_tokens, round(c.ratio)) == (naive, cached, ratio)
+    assert round(naive / (prompt + reply)) == ratio
 
 
-def test_gpt2_small_512_plus_256_in_float16_caches_27_mib():
-    assert estimate(GPT2, 512, 256, "float16").kv_bytes_total == 27 * 2**20
+@pytest.mark.parametrize("prompt, reply", [(1, 1), (1, 5), (4, 1), (3, 7), (17, 4)])
+def test_token_counts_are_the_positions_the_loops_feed(tiny_model, prompt, reply):
+    """Summed over the steps of minigpt's own loops: the naive loop's throwaway caches, the cached
+    loop's one cache; and the cached count is the capacity a request's cache is made for."""
+    def loop(use_cache: bool):
+        request = make_request(tiny_model, list(range(1, prompt + 1)), reply, stop_at_eos=False)
+        return request, list(steps(tiny_model, Sequence(request), use_cache=use_cache))
+
+    c = estimate(gpt2_architecture("tiny", tiny_model.config), prompt, reply)
+    _, naive = loop(False)
+    request, cached = loop(True)
+    assert sum(step.cache.length for step in naive) == c.naive_tokens
+    assert cached[-1].cache.length == c.cached_tokens == request.max_positions
+
+
+def test_a_one_token_reply_costs_the_same_in_both_loops():
+    """One step is one forward over the prompt in both loops: ratios 1, not the 0.5 of P + N."""
+    c = estimate(GPT2, 1, 1)
+    assert (c.naive_tokens, c.cached_tokens, c.naive_flops) == (1, 1, c.cached_flops)
+
+
+def test_the_kv_cache_holds_every_position_fed():
+    c = estimate(GPT2, 512, 256)
+    assert c.kv_bytes_total == c.kv_bytes_per_token * 767 == 56_549_376
+
+
+@pytest.mark.parametrize("arch, dtype, mib", [(GPT2, "float32", 54), (GPT2, "float16", 27), (LLAMA, None, 96)])
+def test_a_768_token_sequence_caches_what_docs_staircase_md_says(arch, dtype, mib):
+    assert estimate(arch, 1, 1, dtype).kv_bytes_per_token * 768 == mib * 2**20
 
 
 def test_gpt2_small_lm_head_is_38_6m_parameters():
     assert GPT2.vocab_size * GPT2.n_embd == 38_597_376
 
 
-def test_llama_3_8b_kv_cache_is_128_kib_per_token_and_96_mib_for_768():
+def test_llama_3_8b_kv_cache_is_128_kib_per_token_in_bfloat16():
     c = estimate(LLAMA, 512, 256)
     assert c.dtype == "bfloat16"
     assert c.kv_bytes_per_token == 131_072 == 128 * 2**10
-    assert c.kv_bytes_total == 96 * 2**20
 
 
 def test_llama_3_8b_has_8_billion_parameters_with_its_embedding():
@@ -77,11 +108,22 @@ def test_weight_bytes_per_token_are_the_models_weight_matrices():
     assert estimate(config, 1, 1).weight_bytes_per_token == sum(m.nbytes for m in matrices)
 
 
+def forward_flops(arch, start: int, end: int) -> int:
+    """docs/staircase.md's estimate for one forward over positions start .. end-1, written out here
+    as the test's own oracle: weights per position, q.k and v per key seen, one LM head."""
+    keys_seen = sum(t + 1 for t in range(start, end))
+    return (2 * arch.n_layer * arch.block_params * (end - start) + 4 * arch.n_layer * arch.attn_width * keys_seen
+            + 2 * arch.n_embd * arch.vocab_size)
+
+
 @pytest.mark.parametrize("prompt, reply", [(1, 1), (1, 40), (7, 13), (512, 256)])
-def test_naive_flops_closed_form_equals_summing_every_step(prompt, reply):
-    """The closed form equals the per-step sum: step n is a forward over P + n positions."""
-    steps = sum(_flops(GPT2, prompt + n, _triangular(prompt + n), 1) for n in range(reply))
-    assert estimate(GPT2, prompt, reply).naive_flops == steps
+def test_flops_closed_forms_equal_summing_every_forward_of_the_loops(prompt, reply):
+    """Naive: step n is a forward over positions 0 .. P+n-1. Cached: the prefill over 0 .. P-1,
+    then one forward per position P .. P+N-2."""
+    c = estimate(GPT2, prompt, reply)
+    assert c.naive_flops == sum(forward_flops(GPT2, 0, prompt + n) for n in range(reply))
+    assert c.cached_flops == forward_flops(GPT2, 0, prompt) + sum(forward_flops(GPT2, t, t + 1)
+                                                                  for t in range(prompt, prompt + reply - 1))
 
 
 def test_gpt2_small_decode_step_is_about_twice_its_124m_parameters():
@@ -101,29 +143,43 @@ def test_invalid_requests_raise_input_error(prompt, reply, dtype):
         estimate(GPT2, prompt, reply, dtype)
 
 
-def test_cli_json_has_the_issue_keys_and_figures(capsys):
+def test_cli_json_has_the_counts_and_kv_figures(capsys):
     assert main(["cost", "--prompt", "512", "--reply", "256", "--model", "llama-3-8b", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {k: doc[k] for k in ("naive_tokens", "cached_tokens", "kv_bytes_per_token", "kv_bytes_total")} == {
-        "naive_tokens": 163_712, "cached_tokens": 768, "kv_bytes_per_token": 131_072, "kv_bytes_total": 96 * 2**20}
-    assert np.isclose(doc["ratio"], 163_712 / 768)
+        "naive_tokens": 163_712, "cached_tokens": 767, "kv_bytes_per_token": 131_072, "kv_bytes_total": 131_072 * 767}
+    assert np.isclose(doc["ratio"], 163_712 / 767)
 
 
 def test_cli_text_for_512_plus_256_is_what_docs_staircase_md_quotes(capsys):
     """The page's cost block, verbatim: FLOPs 29.8 T vs 161 G (185x), 494,128,128 bytes of weights,
-    56,623,104 bytes (54 MiB) of cache; a change to the output or the arithmetic must update the page."""
+    56,549,376 bytes (53.93 MiB) of cache, the lesson's 768 beside our 767; a change to the output or
+    the arithmetic must update the page."""
     assert main(["cost", "--prompt", "512", "--reply", "256"]) == 0
     out = capsys.readouterr().out
     assert "29.8 T" in out and "161 G" in out and "185x" in out
-    assert "494,128,128 bytes" in out and "56,623,104 bytes (54 MiB)" in out
+    assert "494,128,128 bytes" in out and "56,549,376 bytes (53.93 MiB)" in out
+    assert "767" in out and "P + N = 768" in out
     assert out in STAIRCASE_MD.read_text()
 
 
-def test_cli_text_for_a_tiny_request_shows_ratios_below_one_and_the_counting_rule(capsys):
-    """1 + 1: the lesson's count gives 1 naive token against 2 cached; the output says why."""
+def test_cli_text_for_a_tiny_request_shows_equal_work_and_the_counting_rule(capsys):
+    """1 + 1: one forward over the prompt in either loop; the output says how each loop counts."""
     assert main(["cost", "--prompt", "1", "--reply", "1"]) == 0
     out = capsys.readouterr().out
-    assert "0.5x" in out and "0.593x" in out and "never fed back" in out
+    assert re.search(r"tokens through model +1 +1 +1x\n", out) and re.search(r"FLOPs \(approx.\) .* 1x\n", out)
+    assert "never fed back: P + N - 1" in out and "The lesson counts\n P + N = 2" in out
+
+
+def test_cli_table_columns_are_as_wide_as_their_widest_cell(capsys):
+    """20-digit counts do not run the columns together: every cell is two spaces or more from the next."""
+    assert main(["cost", "--prompt", "10000000000", "--reply", "10000000000"]) == 0
+    lines = capsys.readouterr().out.splitlines()[2:5]
+    assert [re.split(r" {2,}", line.strip()) for line in lines] == [
+        ["naive loop", "KV cache", "ratio"],
+        ["tokens through model", "149,999,999,995,000,000,000", "19,999,999,999", "7,500,000,000x"],
+        ["FLOPs (approx.)", "4.3e+19 P", "7.37e+09 P", "5,833,333,491x"]]
+    assert len({len(line) for line in lines}) == 1  # right-aligned numbers end in one column
 
 
 @pytest.mark.parametrize("ratio, text", [(0.5, "0.5x"), (0.5931, "0.593x"), (1.7142, "1.71x"), (30.24, "30.2x"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -87,3 +89,11 @@ def test_logits_of_every_step_are_bitwise_equal_between_the_loops(model):
 def sequence(model, prompt, n):
     """A checked request that never stops at <|endoftext|>, ready for `steps`."""
     return Sequence(make_request(model, prompt, n, stop_at_eos=False))
+
+
+def test_stream_takes_generates_parameters_with_the_same_defaults_but_on_step():
+    """The two public signatures state the options explicitly; this keeps the two lists from drifting apart."""
+    generate_parameters = dict(inspect.signature(minigpt.generate).parameters)
+    del generate_parameters["on_step"]
+    assert dict(inspect.signature(minigpt.stream).parameters) == generate_parameters
+    assert generate_parameters["use_cache"].default is True

@@ -28,9 +28,10 @@ import pytest
 import minigpt
 from minigpt.checkpoint import INDEX_FILE, LM_HEAD, PREFIX, save_checkpoint
 from minigpt.config import GPT2_SIZES, GPT2Config
-from minigpt.generate import start
+from minigpt.generate import steps
 from minigpt.params import random_params
 from minigpt.safetensors_format import read_header
+from minigpt.sequence import Sequence, make_request
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,10 +66,10 @@ def check_parity(directory: Path, ref, kernels: str) -> dict[str, float]:
     model = minigpt.load(directory, kernels=kernels)
     errors = {"prompt": logit_error(model.forward(ref["ids"]), ref["logits"])}
     for use_cache in (True, False):
-        _, loop = start(model, ref["ids"], len(ref["tokens"]), use_cache=use_cache)
-        steps = list(loop)
-        assert [step.token for step in steps] == ref["tokens"].tolist(), f"greedy tokens, use_cache={use_cache}"
-        errors[f"greedy, use_cache={use_cache}"] = logit_error(np.stack([s.logits for s in steps]), ref["step_logits"])
+        request = make_request(model, ref["ids"], len(ref["tokens"]))
+        loop = list(steps(model, Sequence(request), use_cache=use_cache))
+        assert [step.token for step in loop] == ref["tokens"].tolist(), f"greedy tokens, use_cache={use_cache}"
+        errors[f"greedy, use_cache={use_cache}"] = logit_error(np.stack([s.logits for s in loop]), ref["step_logits"])
     print(f"{directory.name} [{kernels}]: max logit error / max|logit|: {errors}; "
           f"transformers' float32 vs float64: {float(ref['rounding']):.2g}")
     assert max(errors.values()) <= TOLERANCE, errors

@@ -23,7 +23,7 @@ def test_measure_times_every_token_of_both_loops_and_predicts_from_the_shapes(ti
     s = measure(tiny_model, 3, 4)
     assert set(s.seconds) == set(MODES)
     assert all(len(s.seconds[mode]) == 4 and np.isfinite(s.seconds[mode]).all() for mode in MODES)
-    assert (s.predicted.naive_tokens, s.predicted.cached_tokens) == (3 * 4 + 6, 7)
+    assert (s.predicted.naive_tokens, s.predicted.cached_tokens) == (3 * 4 + 6, 3 + 4 - 1)
     assert s.predicted.arch.n_layer == tiny_model.config.n_layer
 
 
@@ -51,7 +51,7 @@ def test_cli_json_keys_and_lengths(capsys):
     doc = json.loads(captured.out)
     assert len(doc["naive_ms"]) == len(doc["cached_ms"]) == 4
     assert set(doc["summary"]["naive"]) == {"first_ms", "last_ms", "median_ms", "total_s"}
-    assert doc["predicted_ratio"] == pytest.approx((3 * 4 + 6) / 7)
+    assert doc["predicted_ratio"] == pytest.approx((3 * 4 + 6) / (3 + 4 - 1))
     assert doc["measured_ratio"] == pytest.approx(sum(doc["naive_ms"]) / sum(doc["cached_ms"]), rel=0.01)
     assert doc["summary"]["cached"]["total_s"] == pytest.approx(sum(doc["cached_ms"]) / 1e3, rel=0.01)
     assert doc["plot"] is None
@@ -62,7 +62,7 @@ def test_cli_json_keys_and_lengths(capsys):
 def test_cli_text_prints_a_row_per_token_and_the_ratios(capsys):
     assert main(TINY) == 0
     out = capsys.readouterr().out
-    assert "naive / cached total time" in out and "predicted 2.6x by tokens" in out
+    assert "naive / cached total time" in out and "predicted 3.0x by tokens through the model (18 vs 6)" in out
     assert [line.split()[0] for line in out.splitlines() if line[:5].strip().isdigit()] == ["1", "2", "3", "4"]
 
 

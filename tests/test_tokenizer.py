@@ -22,7 +22,7 @@ from tiktoken_ext import openai_public
 
 import minigpt
 from minigpt.errors import TokenizerError
-from minigpt.tokenizer import ENDOFTEXT, gpt2_tokenizer, valid_text
+from minigpt.tokenizer import ENDOFTEXT, find_bpe_files, gpt2_tokenizer, valid_text
 
 EOT = 50256
 # The regex's cases (contractions, letters, digits, other, whitespace runs) and the special token's text.
@@ -33,8 +33,9 @@ TEXTS = st.text() | st.lists(st.sampled_from(PIECES) | st.text(max_size=3), max_
 
 @pytest.fixture(scope="session")
 def tables():
-    """The folder with encoder.json and vocab.bpe (session-scoped: found before `offline` hides it)."""
-    return bpe_dir()
+    """(merges, vocabulary) files of GPT-2's tables, either pair minigpt accepts (session-scoped: found
+    before `offline` hides them)."""
+    return find_bpe_files(bpe_dir())
 
 
 @pytest.fixture(scope="session")
@@ -42,10 +43,11 @@ def reference(tables, tmp_path_factory) -> tiktoken.Encoding:
     """tiktoken's gpt2 Encoding made by openai_public.gpt2() from the local files, its hashes checked."""
     build = openai_public.data_gym_to_mergeable_bpe_ranks
 
+    merges, vocab = tables  # vocab.bpe or merges.txt, encoder.json or vocab.json: the same bytes
+
     def from_local_files(vocab_bpe_file, encoder_json_file, vocab_bpe_hash, encoder_json_hash):
         assert vocab_bpe_hash and encoder_json_hash, "tiktoken no longer pins the gpt2 hashes"
-        return build(vocab_bpe_file=str(tables / vocab_bpe_file.rsplit("/", 1)[-1]),
-                     encoder_json_file=str(tables / encoder_json_file.rsplit("/", 1)[-1]),
+        return build(vocab_bpe_file=str(merges), encoder_json_file=str(vocab),
                      vocab_bpe_hash=vocab_bpe_hash, encoder_json_hash=encoder_json_hash)
 
     with pytest.MonkeyPatch.context() as mp:
@@ -76,8 +78,9 @@ def hub_layout(tables, tmp_path):
     """A directory with GPT-2's tables under the names the hub's checkpoints use: vocab.json, merges.txt."""
     directory = tmp_path / "checkpoint"
     directory.mkdir()
-    shutil.copyfile(tables / "encoder.json", directory / "vocab.json")
-    shutil.copyfile(tables / "vocab.bpe", directory / "merges.txt")
+    merges, vocab = tables
+    shutil.copyfile(vocab, directory / "vocab.json")
+    shutil.copyfile(merges, directory / "merges.txt")
     return directory
 
 

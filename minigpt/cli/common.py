@@ -67,6 +67,13 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
                         "(in JSON output)")
 
 
+def table(rows: list[list[str]], align: str) -> list[str]:
+    """The lines of a text table: each column as wide as its widest cell, columns two spaces apart;
+    align[i] is "<" (text) or ">" (numbers) for column i. Every command's tables are laid out here."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(align))]
+    return ["  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths)).rstrip() for row in rows]
+
+
 def print_json(document: dict) -> None:
     json.dump(document, sys.stdout, indent=2)
     print()

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 
 from ..cost import ARCHITECTURES, DTYPE_BYTES, Cost, estimate
-from .common import positive_int, print_json
+from .common import positive_int, print_json, table
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("cost", help="tokens, FLOPs and KV-cache bytes of a request, naive vs cached",
                        description="Pure arithmetic, nothing is run: tokens pushed through the model by the "
-                                   "naive loop (P*N + N*(N-1)/2) and by the KV-cache loop (P + N, the lesson's "
-                                   "count, which includes the last new token although it is never fed), their "
-                                   "approximate FLOPs, and the KV cache's size. See docs/staircase.md.")
+                                   "naive loop (P*N + N*(N-1)/2) and by the KV-cache loop (P + N - 1: the last "
+                                   "new token is returned, never fed back), their approximate FLOPs, and the KV "
+                                   "cache's size. See docs/staircase.md.")
     p.add_argument("--prompt", type=positive_int, required=True, metavar="P", help="prompt length in tokens")
     p.add_argument("--reply", type=positive_int, required=True, metavar="N", help="new tokens generated")
     p.add_argument("--model", choices=list(ARCHITECTURES), default="gpt2", help="architecture (default: gpt2)")
@@ -43,13 +43,14 @@ def as_json(c: Cost) -> dict:
 
 def report(c: Cost) -> str:
     lines = [f"{c.arch.name}: {c.prompt:,}-token prompt + {c.reply:,}-token reply, {c.dtype}", "",
-             f"{'':24}{'naive loop':>16}{'KV cache':>16}{'ratio':>10}",
-             f"{'tokens through model':24}{c.naive_tokens:>16,}{c.cached_tokens:>16,}{times(c.ratio):>10}",
-             f"{'FLOPs (approx.)':24}{si(c.naive_flops):>16}{si(c.cached_flops):>16}{times(c.flop_ratio):>10}",
-             "(as the lesson counts: naive P*N + N(N-1)/2, step n feeding P + n tokens; cached P + N,",
-             " one more than minigpt feeds: the last new token is returned, never fed back)", "",
+             *table([["", "naive loop", "KV cache", "ratio"],
+                     ["tokens through model", f"{c.naive_tokens:,}", f"{c.cached_tokens:,}", times(c.ratio)],
+                     ["FLOPs (approx.)", si(c.naive_flops), si(c.cached_flops), times(c.flop_ratio)]], "<>>>"),
+             "(naive: step n feeds all P + n tokens, P*N + N(N-1)/2; KV cache: the prompt once, then every",
+             " new token but the last, which is returned, never fed back: P + N - 1. The lesson counts",
+             f" P + N = {c.prompt + c.reply:,}, for a loop that also feeds its last token.)", "",
              f"KV cache: {c.kv_bytes_per_token:,} bytes per token ({binary(c.kv_bytes_per_token)}); "
-             f"{c.prompt + c.reply:,} tokens: {c.kv_bytes_total:,} bytes ({binary(c.kv_bytes_total)})",
+             f"P + N - 1 = {c.cached_tokens:,} cached: {c.kv_bytes_total:,} bytes ({binary(c.kv_bytes_total)})",
              f"weights read per cached decode step: {c.weight_bytes_per_token:,} bytes "
              f"({binary(c.weight_bytes_per_token)})"]
     if not c.fits_context:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..causal_proof import Proof, prove
-from .common import add_model_options, checked, encode_prompt, load_model, print_json
+from ..causal_proof import COLUMNS, Comparison, Drift, Proof, prove
+from .common import add_model_options, checked, encode_prompt, load_model, print_json, table
 
 DEFAULT_PROMPT = "The causal mask means that no position can see the future, so"  # 13 GPT-2 tokens
 
@@ -38,9 +38,59 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(as_json(proof, args))
     else:
-        print(f"model {args.model}\n{proof}")
+        print(f"model {args.model}\n{render(proof)}")
     return 0 if proof.holds else 1
 
 
 def as_json(proof: Proof, args: argparse.Namespace) -> dict:
     return {"model": args.model, "prompt": args.prompt, **dataclasses.asdict(proof), "holds": proof.holds}
+
+
+LABELS = {"unchanged": "old positions unchanged", "masked": "masked weights = +0.0",
+          "causal": "unseen tokens changed", "cached": "cached loop = naive loop"}
+MARK = {True: "yes", False: "NO", None: "-"}
+
+
+def render(proof: Proof) -> str:
+    """The verdict table, the work counted, each kernel set's drift and the result."""
+    header = [["", "old", "old", "old", "masked", "unseen", "cached", "largest"],
+              ["layer", "hidden", "K", "V", "= +0.0", "changed", "= naive", "diff"]]
+    rows = [[row.layer, *(MARK[row.verdicts[c]] for c in COLUMNS), f"{row.scale_ulp:.3g}"] for row in proof.rows]
+    w, P, N = proof.work, proof.prompt_len, proof.steps
+    lines = [
+        f"kernels {proof.kernels}: a {P}-token prompt, {N} greedy steps, naive loop against KV-cache loop", "",
+        *table(header + rows, "<<<<<<<>"),
+        "(old: the positions of the step before, unchanged; largest diff: in ULPs at the layer's scale,",
+        " the float32 spacing at its largest value; 0: bit for bit)", "",
+        f"tokens: cached loop == naive loop at every step: {MARK[proof.drifts[0].tokens_equal]}",
+        f"work: naive loop {w.naive} tokens through the model (P*N + N(N-1)/2 = {P}*{N} + {N * (N - 1) // 2}), "
+        f"cached loop {w.cached} (P + N - 1);",
+        f"      {w.naive - w.cached} of the naive loop's {w.naive} ({w.repeated_share:.1%}) were positions "
+        "it had already computed",
+        *(describe(d) for d in proof.drifts),
+        "result: " + ("HOLDS: every check passed bit for bit" if proof.holds else
+                      f"FAILS with the {proof.kernels} kernels (see the NO cells and the drift)"),
+    ]
+    return "\n".join(lines)
+
+
+def describe(drift: Drift) -> str:
+    """Where each check's first bits changed, and the largest change."""
+    head = f"drift, {drift.kernels} kernels:"
+    if not any(drift.first.values()):
+        return f"{head} none; every compared bit is identical"
+    where = [[f"  {LABELS[check]}", location(c)] for check, c in drift.first.items()]
+    return "\n".join([
+        f"{head} where each check first saw bits change", *table(where, "<<"),
+        f"  largest difference {drift.scale_ulp:.3g} ULP at the layer's scale ({drift.max_abs:.3g} absolute; "
+        f"{drift.max_ulp} ULP between raw",
+        "  bit patterns, which count the tiny ULPs near 0.0); tokens "
+        + ("the same" if drift.tokens_equal else "DIFFERENT")])
+
+
+def location(c: Comparison | None) -> str:
+    """Where a check first saw bits change: "step 1, block 0 K, position 13", or "nowhere"."""
+    if c is None:
+        return "nowhere"
+    what = c.layer if c.quantity in ("hidden", "logits") else f"{c.layer} {c.quantity}"
+    return f"step {c.step}, {what}, position {c.position}"

@@ -11,7 +11,7 @@ from ..errors import InputError
 from ..model import Model
 from ..scoring import check_stride, score
 from ..tokenizer import token_text
-from .common import add_model_options, encode_prompt, load_model, positive_int, print_json
+from .common import add_model_options, encode_prompt, load_model, positive_int, print_json, table
 
 
 def add_parser(sub) -> None:
@@ -58,13 +58,13 @@ def as_json(args: argparse.Namespace, model: Model, ids: list[int], logprobs: np
 def report(d: dict) -> str:
     """A row per token (its text as a Python string literal: newlines and control characters escaped)."""
     n, windows = len(d["tokens"]), d["n_positions"]
+    rows = [[f"{i}", f"{token}", repr(text), "-" if logprob is None else f"{logprob:.4f}"]
+            for i, (token, text, logprob) in enumerate(zip(d["tokens"], d["token_texts"], [None, *d["logprobs"]]))]
     lines = [f"{d['model']} ({d['kernels']} kernels): {n} tokens, {n - 1} scored (the first is only context)"
              + (f"; windows of {windows} tokens every {d['stride']}" if n > windows else ""),
-             "", f"{'i':>6}{'id':>7}  {'token':<24}{'logprob':>10}"]
-    for i, (token, text, logprob) in enumerate(zip(d["tokens"], d["token_texts"], [None, *d["logprobs"]])):
-        lines.append(f"{i:>6}{token:>7}  {text!r:<24}{'-' if logprob is None else f'{logprob:.4f}':>10}")
-    lines += ["", f"total log-probability {d['total_logprob']:.4f} nats",
-              f"mean per token        {d['mean_logprob']:.4f}", f"perplexity            {d['perplexity']:.4g}"]
+             "", *table([["i", "id", "token", "logprob"], *rows], ">><>"), "",
+             f"total log-probability {d['total_logprob']:.4f} nats",
+             f"mean per token        {d['mean_logprob']:.4f}", f"perplexity            {d['perplexity']:.4g}"]
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from ..errors import InputError
 from ..staircase import MODES, OnStep, Staircase, measure, plot, require_matplotlib
-from .common import add_model_options, load_model, positive_int, print_json
+from .common import add_model_options, load_model, positive_int, print_json, table
 
 
 def add_parser(sub) -> None:
@@ -82,16 +82,18 @@ def as_json(s: Staircase, args: argparse.Namespace) -> dict:
 
 def report(s: Staircase, args: argparse.Namespace) -> str:
     p = s.predicted
-    lines = [f"{args.model} ({args.kernels} kernels): {p.prompt}-token prompt, {p.reply} new tokens per loop",
-             "", f"{'token':>5}{'naive ms':>12}{'cached ms':>12}"]
-    lines += [f"{i:>5}{n * 1e3:>12.1f}{c * 1e3:>12.1f}"
-              for i, (n, c) in enumerate(zip(s.seconds["naive"], s.seconds["cached"]), start=1)]
-    lines += ["", f"{'':8}{'first ms':>10}{'last ms':>10}{'median ms':>11}{'total s':>10}"]
+    per_token = [[f"{i}", f"{n * 1e3:.1f}", f"{c * 1e3:.1f}"]
+                 for i, (n, c) in enumerate(zip(s.seconds["naive"], s.seconds["cached"]), start=1)]
+    summary = []
     for mode in MODES:
         m = s.summary(mode)
-        lines.append(f"{mode:8}{m['first_ms']:>10.1f}{m['last_ms']:>10.1f}{m['median_ms']:>11.1f}{m['total_s']:>10.2f}")
-    lines += ["", f"naive / cached total time: {s.measured_ratio:.1f}x measured; predicted {p.ratio:.1f}x by tokens "
-                  f"through the model ({p.naive_tokens:,} vs {p.cached_tokens:,}), {p.flop_ratio:.1f}x by FLOPs"]
+        summary.append([mode, f"{m['first_ms']:.1f}", f"{m['last_ms']:.1f}", f"{m['median_ms']:.1f}",
+                        f"{m['total_s']:.2f}"])
+    lines = [f"{args.model} ({args.kernels} kernels): {p.prompt}-token prompt, {p.reply} new tokens per loop", "",
+             *table([["token", "naive ms", "cached ms"], *per_token], ">>>"), "",
+             *table([["", "first ms", "last ms", "median ms", "total s"], *summary], "<>>>>"), "",
+             f"naive / cached total time: {s.measured_ratio:.1f}x measured; predicted {p.ratio:.1f}x by tokens "
+             f"through the model ({p.naive_tokens:,} vs {p.cached_tokens:,}), {p.flop_ratio:.1f}x by FLOPs"]
     if args.plot is not None:
         lines.append(f"plot: {args.plot}")
     return "\n".join(lines)

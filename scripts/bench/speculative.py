@@ -16,9 +16,10 @@ import time
 
 import numpy as np
 
-from minigpt.generate import start
+from minigpt.generate import steps
 from minigpt.loading import load
-from minigpt.speculative import Drafter, ModelDrafter, NGramDrafter
+from minigpt.sequence import Sequence, make_request
+from minigpt.speculative import Drafter, ModelDrafter, NGramDrafter, speculative_steps
 
 from .common import REPEATS, Report, RunInfo, Target, interleaved, log, random_124m, run_lengths, targets_table
 
@@ -74,14 +75,16 @@ def decode(model, prompt: list[int], drafter: Drafter | None) -> dict:
     """Generate NEW_TOKENS greedily (speculating with `drafter` unless None), step by step: tokens,
     wall seconds, steps, the k of every step, drafted/accepted counts and the drafter's seconds."""
     recorder = None if drafter is None else Recorder(drafter)
-    seq, loop = start(model, prompt, NEW_TOKENS, stop_at_eos=False, speculate=recorder, draft_tokens=DRAFT_TOKENS)
+    seq = Sequence(make_request(model, prompt, NEW_TOKENS, stop_at_eos=False))
+    loop = (steps(model, seq, use_cache=True) if recorder is None else
+            speculative_steps(model, seq, recorder, DRAFT_TOKENS))
     ks, asked = [], 0
     clock = time.perf_counter()
     for _ in loop:  # one step each
         ks.append(recorder.ks[-1] if recorder and len(recorder.ks) > asked else 0)
         asked = len(recorder.ks) if recorder else 0
     seconds = time.perf_counter() - clock
-    result = seq.result()
+    result = seq.result(use_cache=True)
     return {"tokens": result.tokens, "seconds": seconds, "steps": len(ks), "ks": ks, "drafted": result.drafted,
             "accepted": result.accepted, "draft_seconds": recorder.seconds if recorder else 0.0}
 

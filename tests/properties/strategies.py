@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from minigpt.causal_proof import compare_snapshots, record_forward
+from minigpt.causal_proof import record_forward
 from minigpt.config import GPT2Config
 from minigpt.kernels import EXACT, PAGE, Kernels
 from minigpt.kv_cache import pages_for
@@ -50,12 +50,6 @@ def token_ids(draw, config: GPT2Config, min_size: int = 1, max_size: int | None 
     """Token ids; the length is drawn first, so that long sequences (past PAGE) come often."""
     size = draw(st.integers(min_size, config.n_positions if max_size is None else max_size), label="length")
     return draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=size, max_size=size), label="ids")
-
-
-def assert_same_bits(full: dict, part: dict, rows: slice) -> None:
-    """Every array of snapshot `part` equals rows `rows` of the same array in `full`, bit for bit."""
-    differing = [c for c in compare_snapshots("bits", 0, full, part, rows) if c.position is not None]
-    assert not differing, f"{len(differing)} arrays differ; the first: {differing[0]}"
 
 
 @st.composite
