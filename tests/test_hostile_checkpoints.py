@@ -190,9 +190,15 @@ def test_missing_tensor_is_named(tmp_path):
 
 
 def test_another_architecture_names_the_first_missing_tensors(tmp_path):
+    write_checkpoint(tmp_path, {name: value for name, value in TENSORS.items() if not name.startswith(("wte", "ln_f"))})
+    message = load_error(tmp_path)
+    assert "lack GPT-2 tensor(s) 'wte.weight', 'ln_f.weight', 'ln_f.bias'" in message
+
+
+def test_another_architecture_without_gpt2_layers_names_its_tensors(tmp_path):
     write_checkpoint(tmp_path, {"model.embed_tokens.weight": np.zeros((16, 8), np.float32)})
     message = load_error(tmp_path)
-    assert "'wte.weight', 'wpe.weight', 'ln_f.weight', 'ln_f.bias', 'h.0.ln_1.weight' and 11 more" in message
+    assert "n_layer 1, but the weights hold 0 layer(s)" in message and "'model.embed_tokens.weight'" in message
 
 
 def test_wrong_shape_names_tensor_and_both_shapes(tmp_path):
