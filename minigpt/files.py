@@ -29,6 +29,8 @@ def kind(path: str | os.PathLike, error: type[MinigptError]) -> str | None:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):  # also a dangling symlink, or a file where a folder should be
         return None
+    except ValueError as e:  # a NUL character: no file system has such a name
+        raise error(f"{str(path)!r} is not a valid path: {e}") from None
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise error(f"{path} is a symlink loop") from None
