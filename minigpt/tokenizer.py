@@ -56,7 +56,7 @@ def read_ranks(merges: Path, vocab: Path) -> dict[bytes, int]:
     lines = merges.read_text(encoding="utf-8").split("\n")[1:]  # after the "#version" line
     for i, merge in enumerate(line for line in lines if line):
         first, second = merge.split(" ")
-        if table[first + second] != 256 + i:
+        if table.get(first + second) != 256 + i:
             raise ValueError(f"merge {i} ({merge!r}) disagrees with the vocabulary")
     if any(type(rank) is not int for rank in ranks.values()) or sorted(ranks.values()) != list(range(len(ranks))):
         raise ValueError("the vocabulary's ids are not 0 .. n-1")

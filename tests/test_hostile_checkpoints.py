@@ -182,6 +182,35 @@ def test_a_header_entry_that_is_not_an_object(tmp_path):
     assert "tensor 'h.0.ln_1.bias': header entry is not an object" in load_error(tmp_path)
 
 
+def overlap(header: dict, data: bytes) -> tuple[dict, bytes]:
+    begin, end = header["h.0.ln_1.weight"]["data_offsets"]  # just after h.0.ln_1.bias, both [8] F32
+    header["h.0.ln_1.weight"]["data_offsets"] = [begin - 16, end - 16]  # its first half in the bias
+    return header, data
+
+
+def gap(header: dict, data: bytes) -> tuple[dict, bytes]:
+    for name, entry in header.items():
+        if name != "__metadata__":
+            entry["data_offsets"] = [offset + 8 for offset in entry["data_offsets"]]
+    return header, bytes(8) + data
+
+
+@pytest.mark.parametrize("edit, fault", [
+    (overlap, "tensor 'h.0.ln_1.weight' begins at byte 1168 of the data and overlaps the tensors before it, "
+              "which end at 1184"),
+    (gap, "tensor 'h.0.attn.c_attn.bias' begins at byte 8 of the data and leaves a gap of 8 bytes"),
+    (lambda header, data: (header, data + bytes(3)), "3 bytes follow the last tensor"),
+], ids=["overlapping tensors", "gap before the first", "trailing bytes"])
+def test_data_not_tiled_exactly_by_the_tensors_is_refused_as_by_the_reference_reader(tmp_path, edit, fault):
+    path = write_checkpoint(tmp_path)
+    path.write_bytes(join(*edit(*split(path.read_bytes()))))
+    message = load_error(tmp_path)
+    assert str(path) in message and fault in message
+    load_file = pytest.importorskip("safetensors.numpy", reason="the reference reader to compare with").load_file
+    with pytest.raises(Exception, match="invalid offset|incomplete metadata"):
+        load_file(path)
+
+
 # Well-formed files that are not this GPT-2
 
 def test_missing_tensor_is_named(tmp_path):
@@ -232,6 +261,13 @@ def test_an_untied_lm_head_is_refused(tmp_path):
 def test_a_tensor_stored_with_and_without_prefix_is_refused(tmp_path):
     write_checkpoint(tmp_path, TENSORS | {"transformer.wpe.weight": TENSORS["wpe.weight"]})
     assert "tensor 'wpe.weight' is stored twice" in load_error(tmp_path)
+
+
+@pytest.mark.parametrize("extra", ["score.weight", "h.1.attn.bias", "h.0.attn.c_attn.bias.extra"])
+def test_a_tensor_the_config_has_no_place_for_is_refused_not_dropped(tmp_path, extra):
+    write_checkpoint(tmp_path, TENSORS | {extra: np.zeros(8, np.float32)})
+    message = load_error(tmp_path)
+    assert f"the weights hold tensor(s) {extra!r}, which a GPT-2 of config.json's sizes (n_layer 1)" in message
 
 
 def test_only_the_exact_mask_buffer_names_are_ignored(tmp_path):
