@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import minigpt.checkpoint
 from minigpt.checkpoint import load_checkpoint, save_checkpoint
 from minigpt.config import GPT2Config, config_to_dict
 from minigpt.errors import CheckpointError, ConfigError, MinigptError, UnsafeCheckpointError
@@ -234,6 +235,16 @@ def test_wrong_shape_names_tensor_and_both_shapes(tmp_path):
     path = write_checkpoint(tmp_path, TENSORS | {"h.0.mlp.c_fc.weight": TENSORS["h.0.mlp.c_fc.weight"].T})
     message = load_error(tmp_path)
     assert f"{path}: tensor 'h.0.mlp.c_fc.weight' has shape [32, 8], expected [8, 32]" in message
+
+
+def test_a_shape_the_config_does_not_imply_is_refused_before_any_data_is_read(tmp_path, monkeypatch):
+    write_checkpoint(tmp_path, TENSORS | {"wpe.weight": np.zeros((10**4, 8), np.float32)})
+
+    def read_safetensors(*args, **kwargs):
+        pytest.fail("tensor data was read before the header's shapes were checked")
+
+    monkeypatch.setattr(minigpt.checkpoint, "read_safetensors", read_safetensors)
+    assert "tensor 'wpe.weight' has shape [10000, 8], expected [8, 8]" in load_error(tmp_path)
 
 
 def test_integer_weights_are_refused(tmp_path):
