@@ -8,7 +8,7 @@
     results = minigpt.generate_batch(model, [ids, ids[:1]], max_new_tokens=20)   # together, each as if alone
     logprobs = minigpt.score(model, ids)             # log P(ids[i] | ids[:i]) for i >= 1
 
-The modules, bottom to top, are the chapters: errors, kernels, config, params, kv_cache, layers,
+The modules, bottom to top, are the chapters: errors, files, kernels, config, params, kv_cache, layers,
 paging, tokenizer, safetensors_format, checkpoint, model, loading, sampling, sequence, speculative,
 generate, scoring, batching, causal_proof, cost, staircase, cli.
 """

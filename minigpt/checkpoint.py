@@ -24,9 +24,10 @@ import numpy as np
 
 from .config import GPT2Config, config_from_dict, config_to_dict
 from .errors import CheckpointError, UnsafeCheckpointError
+from .files import is_file, kind, list_directory
 from .params import GPT2Params, expected_shapes, params_from_tensors, params_to_tensors
 from .safetensors_format import (
-    ENCODINGS, ITEMSIZE, TensorInfo, atomic_write, read_header, read_safetensors, write_safetensors,
+    ENCODINGS, ITEMSIZE, TensorInfo, atomic_write, read_header, read_safetensors, unique_keys, write_safetensors,
 )
 
 CONFIG_FILE = "config.json"
@@ -35,6 +36,7 @@ INDEX_FILE = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 PREFIX = "transformer."  # GPT2LMHeadModel's name for the GPT2Model inside it
 LM_HEAD = "lm_head.weight"
+MASK_BUFFERS = ("attn.bias", "attn.masked_bias")  # per layer, in files of old transformers versions: not weights
 HF_METADATA = {"format": "pt"}  # what save_pretrained puts in every safetensors header
 
 
@@ -61,13 +63,15 @@ def _weight_files(directory: Path) -> list[Path]:
     Only the exact names count, so a partial download (model.safetensors.incomplete, *.part)
     is never mistaken for the weights.
     """
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: not a directory")
-    if (directory / WEIGHTS_FILE).is_file():
+    what = kind(directory, CheckpointError)
+    if what != "a directory":
+        raise CheckpointError(f"{directory}: not a directory ({what or 'nothing is there'})")
+    if is_file(directory / WEIGHTS_FILE, CheckpointError):
         return [directory / WEIGHTS_FILE]
-    if (directory / INDEX_FILE).is_file():
+    if is_file(directory / INDEX_FILE, CheckpointError):
         return _shard_files(directory / INDEX_FILE)
-    pickles = sorted(p.name for p in directory.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    names = list_directory(directory, CheckpointError)
+    pickles = sorted(name for name in names if Path(name).suffix.lower() in PICKLE_SUFFIXES)
     if pickles:
         raise UnsafeCheckpointError(
             f"{directory}: the weights are only in {', '.join(pickles)}, a pickle file, and loading a pickle "
@@ -87,7 +91,7 @@ def _shard_files(index_path: Path) -> list[Path]:
     for name in sorted(set(weight_map.values())):
         if Path(name).name != name:
             raise CheckpointError(f"{index_path}: shard {name!r} is not a file name in the checkpoint directory")
-        if not (index_path.parent / name).is_file():
+        if not is_file(index_path.parent / name, CheckpointError):
             raise CheckpointError(f"{index_path}: shard {name!r} is missing")
         shards.append(index_path.parent / name)
     return shards
@@ -96,15 +100,16 @@ def _shard_files(index_path: Path) -> list[Path]:
 def _read_config(directory: Path) -> GPT2Config:
     """The GPT2Config of directory/config.json."""
     path = directory / CONFIG_FILE
-    if not path.is_file():
+    if not is_file(path, CheckpointError):
         raise CheckpointError(f"{directory}: no {CONFIG_FILE}, which holds GPT-2's sizes")
     return config_from_dict(_read_json(path), source=str(path))
 
 
 def _read_json(path: Path) -> object:
-    """A JSON file's content; unreadable or invalid JSON is a CheckpointError naming the file."""
+    """A JSON file's content; unreadable or invalid JSON (a key twice in one object included) is a
+    CheckpointError naming the file."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read: {e.strerror or e}") from e
     except (ValueError, RecursionError) as e:  # includes UnicodeDecodeError and JSONDecodeError
@@ -114,12 +119,17 @@ def _read_json(path: Path) -> object:
 def _read_weights(config: GPT2Config, files: list[Path]) -> dict[str, np.ndarray]:
     """Every tensor `config` needs, by its unprefixed name, as checked float32 arrays.
 
-    Checks presence and shapes from the headers before reading data, then dtypes (while
-    reading), finiteness, and that a stored lm_head.weight is the tied wte.
+    Checks from the headers, before reading data: that the file holds the layers config.json
+    claims (before anything is built per layer), that every tensor is there, none is left over,
+    and the shapes; then dtypes (while reading), finiteness, and that a stored lm_head.weight is
+    the tied wte.
     """
     stored = _locate_tensors(files)
+    directory = files[0].parent
+    _check_layer_count(config, stored, directory)
     shapes = expected_shapes(config)
-    _check_present(shapes, stored, files[0].parent)
+    _check_present(shapes, stored, directory)
+    _check_nothing_left_over(config, shapes, stored, directory)
     for name, shape in shapes.items():
         _check_shape(stored[name], shape)
     tensors = _read_tensors(stored, [*shapes, LM_HEAD] if LM_HEAD in stored else list(shapes))
@@ -151,6 +161,29 @@ def _check_present(shapes: dict[str, tuple[int, ...]], stored: dict[str, _Stored
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise CheckpointError(f"{directory}: the weights lack GPT-2 tensor(s) "
                               f"{', '.join(map(repr, missing[:5]))}{more}")
+
+
+def _check_layer_count(config: GPT2Config, stored: dict[str, _StoredTensor], directory: Path) -> None:
+    """config.json's n_layer is no more than the layers the weights hold (h.0, h.1, ...), so that a
+    config claiming a billion layers costs nothing in proportion before it is refused."""
+    layers = {name.split(".")[1] for name in stored if name.startswith("h.")}
+    if config.n_layer > len(layers):
+        names = ", ".join(repr(name) for name in list(stored)[:5]) or "none"
+        raise CheckpointError(f"{directory}: config.json says n_layer {config.n_layer}, but the weights hold "
+                              f"{len(layers)} layer(s) (h.0, h.1, ...)" + ("" if layers else
+                              f": not GPT-2's tensors (the first of {len(stored)}: {names})"))
+
+
+def _check_nothing_left_over(config: GPT2Config, shapes: dict[str, tuple[int, ...]],
+                             stored: dict[str, _StoredTensor], directory: Path) -> None:
+    """Every stored tensor is one the config uses, the tied LM head or a mask buffer: anything else
+    (a layer beyond n_layer, another model's head) would be dropped silently."""
+    ignored = {LM_HEAD, *(f"h.{i}.{buffer}" for i in range(config.n_layer) for buffer in MASK_BUFFERS)}
+    extra = [name for name in stored if name not in shapes and name not in ignored]
+    if extra:
+        more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
+        raise CheckpointError(f"{directory}: the weights hold tensor(s) {', '.join(map(repr, extra[:5]))}{more}, "
+                              f"which a GPT-2 of config.json's sizes (n_layer {config.n_layer}) does not have")
 
 
 def _check_shape(tensor: _StoredTensor, shape: tuple[int, ...]) -> None:

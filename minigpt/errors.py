@@ -43,6 +43,10 @@ class ContextLengthError(InputError):
     """Prompt plus new tokens do not fit in the model's n_positions."""
 
 
+class NumericalError(MinigptError):
+    """The forward's activations stopped being finite: finite weights too large for float32 overflowed."""
+
+
 def check_int(value: object, name: str, minimum: int, error: type[MinigptError] = InputError) -> int:
     """`value` as an int if it is an integer (Python or NumPy, not bool) >= minimum; else `error` naming it."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:

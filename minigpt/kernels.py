@@ -54,6 +54,7 @@ tests/test_threads.py at several BLAS thread counts.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -212,8 +213,8 @@ def _blocked(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
     y = np.empty((x.shape[0], n), np.float32)
     n_threads = threads() if _workers() is not None else 1
     edges = [a * round(i * n / (a * n_threads)) for i in range(n_threads + 1)]
-    futures = [_workers().submit(_gemv_blocks, weight[lo:hi], x, y[:, lo:hi])
-               for lo, hi in zip(edges[1:-1], edges[2:]) if hi > lo]
+    futures = [_workers().submit(contextvars.copy_context().run, _gemv_blocks, weight[lo:hi], x, y[:, lo:hi])
+               for lo, hi in zip(edges[1:-1], edges[2:]) if hi > lo]  # in the caller's context: its np.errstate
     _gemv_blocks(weight[:edges[1]], x, y[:, :edges[1]])  # the calling thread's share
     for f in futures:
         f.result()

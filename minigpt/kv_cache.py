@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import GPT2Config
+from .errors import InputError, check_int
 from .kernels import PAGE, Segments
 
 
@@ -90,7 +91,11 @@ def new_store(config: GPT2Config, n_pages: int) -> tuple[np.ndarray, np.ndarray]
 
 
 def new_cache(config: GPT2Config, capacity: int | None = None) -> KVCache:
-    """An empty cache with a store of its own for `capacity` positions (default: the whole context,
-    n_positions), rounded up to whole pages."""
-    n_pages = pages_for(config.n_positions if capacity is None else capacity)
+    """An empty cache with a store of its own for `capacity` positions, 1 .. n_positions (default: the
+    whole context), rounded up to whole pages."""
+    capacity = config.n_positions if capacity is None else check_int(capacity, "capacity", 1)
+    if capacity > config.n_positions:
+        raise InputError(f"capacity must be at most the model's context of {config.n_positions} positions "
+                         f"(n_positions), got {capacity}")
+    n_pages = pages_for(capacity)
     return KVCache(*new_store(config, n_pages), list(range(n_pages)))

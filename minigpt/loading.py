@@ -7,23 +7,28 @@ A source is one of:
   (`openai-community/gpt2`), downloaded once by huggingface_hub into its cache;
 - an embedded random model (`random-124m`, `random-tiny`): deterministic weights built in
   memory, so that everything runs with no download at all.
+
+An existing local directory always wins: `./gpt2` is loaded rather than the hub's gpt2, and
+`./random-tiny` rather than the embedded model.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
+import reprlib
 from functools import partial
 from pathlib import Path
 
 from .checkpoint import INDEX_FILE, WEIGHTS_FILE, load_checkpoint
 from .config import GPT2_SIZES, GPT2Config
-from .errors import InputError, ModelNotFoundError, OfflineError
+from .errors import CheckpointError, InputError, ModelNotFoundError, OfflineError
+from .files import is_file, kind
 from .kernels import KERNELS
 from .model import Model
 from .params import random_params
-from .tokenizer import gpt2_tokenizer
+from .tokenizer import GPT2_VOCAB_SIZE, gpt2_tokenizer
 
-GPT2_VOCAB_SIZE = 50257  # 50,000 merges + 256 bytes + <|endoftext|>
 HUB_ALIASES = {
     "gpt2": "openai-community/gpt2",
     "gpt2-medium": "openai-community/gpt2-medium",
@@ -44,30 +49,43 @@ def known_names() -> list[str]:
     return [*HUB_ALIASES, *EMBEDDED]
 
 
-def load(source: str = "gpt2", *, kernels: str = "exact") -> Model:
-    """Load a GPT-2 by directory, alias, hub id or embedded name; see the module docstring."""
-    if kernels not in KERNELS:
+def load(source: str | os.PathLike = "gpt2", *, kernels: str = "exact") -> Model:
+    """Load a GPT-2 by directory, alias, hub id or embedded name (a local directory first); see the
+    module docstring."""
+    if not isinstance(kernels, str) or kernels not in KERNELS:
         raise InputError(f"kernels must be one of {', '.join(KERNELS)}, got {kernels!r}")
-    source = str(source)
-    if source in EMBEDDED:
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if not isinstance(source, str):  # None, 123, b"..." are not names: never turned into strings
+        raise InputError(f"the model source must be a str or os.PathLike (a directory, alias, hub id or embedded "
+                         f"name), got {type(source).__name__} {reprlib.repr(source)}")
+    directory = local_directory(source)
+    if directory is None and source in EMBEDDED:
         config = EMBEDDED[source]
         return Model(config, random_params(config, seed=0), KERNELS[kernels], gpt2_tokenizer)
-    directory = resolve_directory(source)
+    directory = directory or hub_directory(source)
     config, params = load_checkpoint(directory)
     # GPT-2's tokenizer only for GPT-2's vocabulary: a test checkpoint with another runs on ids alone.
     tokenizer = partial(gpt2_tokenizer, directory) if config.vocab_size == GPT2_VOCAB_SIZE else None
     return Model(config, params, KERNELS[kernels], tokenizer)
 
 
-def resolve_directory(source: str) -> Path:
-    """A local checkpoint directory for `source`, downloading from the hub when it names a hub repo."""
-    path = Path(source).expanduser()
-    if source and path.is_dir():  # Path("") is the current directory: never meant
+def local_directory(source: str) -> Path | None:
+    """`source` as an existing local directory; None when nothing is there; anything else there is an error."""
+    path = Path(os.path.expanduser(source))  # unchanged for an unknown ~user
+    what = kind(path, CheckpointError) if source else None  # Path("") is the current directory: never meant
+    if what == "a directory":
         return path
-    if source and path.exists():
-        raise ModelNotFoundError(f"{source} is a file; --model wants a checkpoint directory")
+    if what is not None:
+        raise ModelNotFoundError(f"{source} is {what}; --model wants a checkpoint directory")
+    return None
+
+
+def hub_directory(source: str) -> Path:
+    """The checkpoint directory of a source that is no local directory: downloaded when it names a hub repo."""
+    path = Path(os.path.expanduser(source))  # unchanged for an unknown ~user
     looks_like_path = (source.startswith((".", "/", "~")) or "\\" in source or source.count("/") > 1
-                       or path.parent.is_dir() and path.parent != Path("."))  # e.g. weights/gpt2, weights/ existing
+                       or path.parent != Path(".") and kind(path.parent, CheckpointError) == "a directory")
     if source in HUB_ALIASES or (source.count("/") == 1 and not looks_like_path):
         return download(HUB_ALIASES.get(source, source))
     raise unknown_source(f"no directory {source!r} and no model of that name", source)
@@ -112,7 +130,7 @@ def download(repo_id: str) -> Path:
             f"downloading {repo_id!r} failed ({type(e).__name__}: {e}); no partial file is ever loaded: "
             "run again to resume, or pass a local checkpoint directory"
         ) from None
-    if not any((snapshot / name).is_file() for name in (WEIGHTS_FILE, INDEX_FILE)):
+    if not any(is_file(snapshot / name, OfflineError) for name in (WEIGHTS_FILE, INDEX_FILE)):
         raise OfflineError(
             f"the copy of {repo_id!r} in the huggingface_hub cache ({snapshot}) has no {WEIGHTS_FILE}: its download "
             "was cut off, or the repository has no safetensors weights; run again online to resume it"

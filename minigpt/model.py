@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .config import GPT2Config
-from .errors import ContextLengthError, InputError, check_int
-from .kernels import EXACT, Kernels
-from .kv_cache import KVCache, new_cache
+from .errors import ContextLengthError, InputError, NumericalError, check_int
+from .kernels import EXACT, PAGE, Kernels
+from .kv_cache import KVCache, new_cache, pages_for
 from .layers import Span, block, layer_norm
 from .params import GPT2Params
 
@@ -67,6 +67,39 @@ def check_room(config: GPT2Config, cache: KVCache, T: int) -> None:
         raise ContextLengthError(f"{start} cached + {T} new positions exceed {limit}")
 
 
+def check_cache(config: GPT2Config, cache) -> KVCache:
+    """`cache` if it fits this model; else InputError naming what does not fit.
+
+    A cache made by a model of other shapes would fail inside NumPy or, with only the layer count
+    different, be silently accepted: its keys and values are not this model's.
+    """
+    if not isinstance(cache, KVCache):
+        raise InputError(f"cache must be a KVCache (model.new_cache()), got {type(cache).__name__}")
+    store = {"k": cache.k, "v": cache.v}
+    for name, a in store.items():
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 4 or a.shape[2] % PAGE:
+            raise InputError(f"the cache's {name} store must be a float32 array [n_layer, n_head, slots, "
+                             f"head_dim] of whole pages of {PAGE}, got {type(a).__name__} "
+                             f"{getattr(a, 'dtype', '')} {np.shape(a)}")
+    n_layer, n_head, slots, head_dim = cache.k.shape
+    if cache.v.shape != cache.k.shape:
+        raise InputError(f"the cache's k and v stores differ in shape: {cache.k.shape} and {cache.v.shape}")
+    made = {"n_layer": n_layer, "n_head": n_head, "head_dim": head_dim}
+    wanted = {"n_layer": config.n_layer, "n_head": config.n_head, "head_dim": config.head_dim}
+    if made != wanted:
+        differ = ", ".join(f"{k} {made[k]} (this model: {wanted[k]})" for k in made if made[k] != wanted[k])
+        raise InputError(f"the cache was made for another model: its {differ}")
+    if cache.capacity > pages_for(config.n_positions) * PAGE:
+        raise InputError(f"the cache holds {cache.capacity} positions, beyond this model's context of "
+                         f"{config.n_positions} (n_positions): it was made for another model")
+    if not all(isinstance(p, (int, np.integer)) and 0 <= p < slots // PAGE for p in cache.pages):
+        raise InputError(f"the cache's page table {cache.pages} points outside its store of {slots // PAGE} pages")
+    if isinstance(cache.length, bool) or not isinstance(cache.length, (int, np.integer)) \
+            or not 0 <= cache.length <= cache.capacity:
+        raise InputError(f"the cache's length {cache.length!r} is not in 0..{cache.capacity} (its capacity)")
+    return cache
+
+
 def forward(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids, cache: KVCache | None = None,
             *, logits_to_keep: int = 0, trace: Trace | None = None) -> np.ndarray:
     """Logits for the positions of `ids`, continuing after the `cache.length` cached positions.
@@ -86,6 +119,8 @@ def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_
     Every sequence's rows go through the weight matrices together (one read of each weight for
     all of them, docs/batching.md); each attends only to its own keys and values. Returns each
     sequence's logits, as `forward` would (None for a cache: a throwaway cache sized to its ids).
+    Logits that are not finite raise a NumericalError naming the first layer that overflowed;
+    the caches are then left as they were.
     """
     if len(ids_list) != len(caches):
         raise InputError(f"forward_batch got {len(ids_list)} id sequences and {len(caches)} caches")
@@ -93,18 +128,41 @@ def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_
         raise InputError("a trace records one sequence's forward")
     logits_to_keep = check_int(logits_to_keep, "logits_to_keep", 0)
     ids_list = [check_ids(ids, config.vocab_size) for ids in ids_list]
-    caches = [new_cache(config, len(ids)) if cache is None else cache for ids, cache in zip(ids_list, caches)]
     spans, row = [], 0
     for ids, cache in zip(ids_list, caches):
         T = len(ids)
         if T == 0:
             raise InputError("forward needs at least one token id")
+        cache = new_cache(config, min(T, config.n_positions)) if cache is None else check_cache(config, cache)
         check_room(config, cache, T)
         start = cache.length
         spans.append(Span(slice(row, row + T), cache, start, cache.slots(start, start + T), cache.runs(start + T)))
         row += T
-    record = trace is not None
+    sizes = [s.rows.stop - s.rows.start for s in spans]  # logits kept per sequence
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is caught below as one error
+        x = transformer(params, config, kernels, ids_list, spans, trace)  # [N, C]
+        if logits_to_keep:
+            sizes = [min(n, logits_to_keep) for n in sizes]
+            kept = np.concatenate([np.arange(s.rows.stop - n, s.rows.stop) for s, n in zip(spans, sizes)])
+            x = x[kept]  # [N, C] -> [kept rows, C]
+        logits = kernels.linear(x, params.wte, None)  # tied LM head: [rows, C] @ [C, vocab] -> [rows, vocab]
+    if not np.isfinite(logits).all():  # [rows, vocab]: a few microseconds beside the LM head's product
+        where = first_non_finite(params, config, kernels, ids_list, spans)
+        for s in spans:  # the new positions' slots back to +0.0: the caches as they were
+            s.cache.k[:, :, s.slots] = 0
+            s.cache.v[:, :, s.slots] = 0
+        raise NumericalError(f"the activations are not finite (NaN or infinity) after {where}: the weights "
+                             "are finite but too large for float32 arithmetic")
+    for s in spans:
+        s.cache.length = s.rows.stop - s.rows.start + s.start
+    return np.split(logits, np.cumsum(sizes)[:-1])
 
+
+def transformer(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_list: list[np.ndarray],
+                spans: list[Span], trace: Trace | None) -> np.ndarray:
+    """The layers below the LM head: embeddings, blocks, final LayerNorm; [N] ids -> [N, C].
+    Writes the new positions' keys and values into the caches (their lengths are the caller's)."""
+    record = trace is not None
     x = np.concatenate([params.wte[ids] + params.wpe[s.start:s.start + len(ids)]
                         for ids, s in zip(ids_list, spans)])  # [N] -> [N, C]
     if record:
@@ -117,15 +175,20 @@ def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_
     x = layer_norm(x, params.ln_f, config.layer_norm_epsilon)  # [N, C]
     if record:
         trace.hidden.append(x)
-    for s in spans:
-        s.cache.length = s.rows.stop - s.rows.start + s.start
-    sizes = [s.rows.stop - s.rows.start for s in spans]  # logits kept per sequence
-    if logits_to_keep:
-        sizes = [min(n, logits_to_keep) for n in sizes]
-        kept = np.concatenate([np.arange(s.rows.stop - n, s.rows.stop) for s, n in zip(spans, sizes)])
-        x = x[kept]  # [N, C] -> [kept rows, C]
-    logits = kernels.linear(x, params.wte, None)  # tied LM head: [rows, C] @ [C, vocab] -> [rows, vocab]
-    return np.split(logits, np.cumsum(sizes)[:-1])
+    return x
+
+
+def first_non_finite(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_list: list[np.ndarray],
+                     spans: list[Span]) -> str:
+    """Where a forward's activations first stopped being finite: it is run again, recorded (it writes
+    the same keys and values into the same slots), and each layer's output looked at in order."""
+    trace = Trace()
+    with np.errstate(over="ignore", invalid="ignore"):
+        transformer(params, config, kernels, ids_list, spans, trace)
+    names = ["the embeddings (wte + wpe)", *(f"block {i} (h.{i})" for i in range(config.n_layer)),
+             "the final LayerNorm (ln_f)"]
+    return next((name for name, x in zip(names, trace.hidden) if not np.isfinite(x).all()),
+                "the LM head (the logits, wte)")
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,6 +25,7 @@ from typing import BinaryIO
 import numpy as np
 
 from .errors import CheckpointError
+from .files import is_file
 
 # Bytes per element of every dtype the format defines with a whole-byte size.
 ITEMSIZE = {
@@ -141,6 +142,7 @@ def bfloat16_to_float32(bits: np.ndarray) -> np.ndarray:
 @contextmanager
 def _open(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """The file opened for reading; an OS error while it is open becomes a CheckpointError."""
+    is_file(path, CheckpointError)  # a directory or FIFO is said to be one, never opened (a FIFO would block)
     try:
         with open(path, "rb") as f:
             yield f
@@ -160,17 +162,19 @@ def _parse_header(f: BinaryIO, path: Path) -> dict[str, TensorInfo]:
         raise CheckpointError(f"{path}: file is truncated: the header needs {length} bytes but {size - 8} follow")
     entries = _parse_json(f.read(length), path)
     data_start = 8 + length
-    return {
+    tensors = {
         name: _tensor_info(path, name, entry, data_start, size - data_start)
         for name, entry in entries.items()
         if name != "__metadata__"
     }
+    _check_tiling(path, tensors, data_start, size - data_start)
+    return tensors
 
 
 def _parse_json(blob: bytes, path: Path) -> dict:
     """The header's JSON object; it must have unique keys and string-valued metadata."""
     try:
-        header = json.loads(blob.decode("utf-8"), object_pairs_hook=_unique_keys)
+        header = json.loads(blob.decode("utf-8"), object_pairs_hook=unique_keys)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CheckpointError(f"{path}: header is not valid UTF-8 JSON: {e}") from None
     if not isinstance(header, dict):
@@ -181,7 +185,7 @@ def _parse_json(blob: bytes, path: Path) -> dict:
     return header
 
 
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
     """A JSON object hook: a repeated key (two tensors under one name) is ambiguous, so an error."""
     seen = set()
     for key, _ in pairs:
@@ -213,6 +217,22 @@ def _tensor_info(path: Path, name: str, entry: object, data_start: int, data_siz
             f"{path}: file is truncated: tensor {name!r} needs bytes up to {end} but the data holds {data_size}"
         )
     return TensorInfo(dtype, tuple(shape), data_start + begin, needed)
+
+
+def _check_tiling(path: Path, tensors: dict[str, TensorInfo], data_start: int, data_size: int) -> None:
+    """The tensors cover the data buffer exactly, one after another in offset order, as the official
+    reader requires: no two overlap, no gap between them, no byte after the last."""
+    end = 0
+    for name, info in sorted(tensors.items(), key=lambda item: (item[1].offset, item[1].nbytes)):
+        begin = info.offset - data_start
+        if begin != end:
+            fault = f"overlaps the tensors before it, which end at {end}" if begin < end else \
+                f"leaves a gap of {begin - end} bytes after the tensors before it"
+            raise CheckpointError(f"{path}: tensor {name!r} begins at byte {begin} of the data and {fault}")
+        end = begin + info.nbytes
+    if end != data_size:
+        raise CheckpointError(f"{path}: {data_size - end} bytes follow the last tensor (the tensors end at byte "
+                              f"{end} of the data): the official reader refuses such a file")
 
 
 def _is_index_list(value: object) -> bool:

@@ -4,7 +4,7 @@ and the log-probabilities of the model's raw distribution that scripts ask for."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from numbers import Real
+from numbers import Integral
 
 import numpy as np
 
@@ -22,14 +22,20 @@ class SamplingOptions:
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
-        if isinstance(t, bool) or not isinstance(t, Real) or not 0 <= t < float("inf"):
+        if not is_float(t) or not 0 <= t < float("inf"):
             raise InputError(f"temperature must be a finite number >= 0, got {t!r}")
         if k is not None:
             check_int(k, "top_k", 1)
-        if p is not None and (isinstance(p, bool) or not isinstance(p, Real) or not 0 < p <= 1):
+        if p is not None and (not is_float(p) or not 0 < p <= 1):
             raise InputError(f"top_p must be a number in (0, 1], got {p!r}")
         if self.seed is not None:
             check_int(self.seed, "seed", 0)
+
+
+def is_float(value: object) -> bool:
+    """A number NumPy computes with as a float: a Python or NumPy int or float, not a bool. Other
+    numbers (Fraction, Decimal) would pass a comparison and then fail inside NumPy."""
+    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (Integral, float, np.floating))
 
 
 def filtered_log_probs(logits: np.ndarray, options: SamplingOptions) -> np.ndarray:

@@ -18,8 +18,10 @@ import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from .errors import TokenizerError
+from .files import is_file
 
 ENDOFTEXT = "<|endoftext|>"
+GPT2_VOCAB_SIZE = 50257  # 50,000 merges + 256 bytes + <|endoftext|>
 # (merges file, token -> id file) as tiktoken's download names them and as the hub repos do.
 BPE_FILE_PAIRS = (("vocab.bpe", "encoder.json"), ("merges.txt", "vocab.json"))
 
@@ -28,7 +30,7 @@ def find_bpe_files(directory: str | Path) -> tuple[Path, Path] | None:
     """The (merges, vocabulary) pair in `directory`, if it holds one."""
     for merges, vocab in BPE_FILE_PAIRS:
         m, v = Path(directory) / merges, Path(directory) / vocab
-        if m.is_file() and v.is_file():
+        if is_file(m, TokenizerError) and is_file(v, TokenizerError):
             return m, v
     return None
 
@@ -45,17 +47,25 @@ def byte_decoder() -> dict[str, int]:
 
 
 def read_ranks(merges: Path, vocab: Path) -> dict[bytes, int]:
-    """token bytes -> id from the vocabulary, checked against the merges: merge i makes token 256 + i."""
+    """token bytes -> id from the vocabulary, checked against the merges (merge i makes token 256 + i)
+    and against what tiktoken needs: ids 0 .. n-1, a token for each of the 256 bytes (without one,
+    tiktoken panics on text holding that byte), and GPT-2's size (an id it lacks cannot be decoded)."""
     decode = byte_decoder()
     table = json.loads(vocab.read_text(encoding="utf-8"))
     ranks = {bytes(decode[c] for c in token): rank for token, rank in table.items() if token != ENDOFTEXT}
     lines = merges.read_text(encoding="utf-8").split("\n")[1:]  # after the "#version" line
     for i, merge in enumerate(line for line in lines if line):
         first, second = merge.split(" ")
-        if table[first + second] != 256 + i:
+        if table.get(first + second) != 256 + i:
             raise ValueError(f"merge {i} ({merge!r}) disagrees with the vocabulary")
-    if sorted(ranks.values()) != list(range(len(ranks))):
+    if any(type(rank) is not int for rank in ranks.values()) or sorted(ranks.values()) != list(range(len(ranks))):
         raise ValueError("the vocabulary's ids are not 0 .. n-1")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise ValueError(f"the vocabulary lacks {len(missing)} of the 256 single-byte tokens (the first: byte "
+                         f"{missing[0]:#04x}), so text holding such a byte cannot be encoded")
+    if len(ranks) != GPT2_VOCAB_SIZE - 1:
+        raise ValueError(f"the vocabulary has {len(ranks)} tokens besides {ENDOFTEXT}; GPT-2's has {GPT2_VOCAB_SIZE - 1}")
     return ranks
 
 
@@ -64,7 +74,7 @@ def encoding_from_files(merges: Path, vocab: Path) -> tiktoken.Encoding:
     try:
         ranks = read_ranks(merges, vocab)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise TokenizerError(f"cannot read GPT-2 BPE tables {merges} and {vocab}: {e}") from None
+        raise TokenizerError(f"cannot use the GPT-2 BPE tables {merges} and {vocab}: {e}") from None
     return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                              special_tokens={ENDOFTEXT: len(ranks)})
 
@@ -103,6 +113,9 @@ def encode(tokenizer: tiktoken.Encoding, text: str) -> list[int]:
     are encoded as themselves, one byte token each, so the ids hold the bytes given. tiktoken alone
     would turn them into U+FFFD, as it still does with any other lone surrogate.
     """
+    if tokenizer is None:  # `model.tokenizer` of a model whose vocabulary is not GPT-2's
+        raise TokenizerError("no tokenizer (None): the model's vocabulary is not GPT-2's, so it has no tokenizer "
+                             "for text; give it token ids")
     ids = []
     for i, part in enumerate(SURROGATE_ESCAPES.split(text)):  # text, escaped bytes, text, ...
         if i % 2:

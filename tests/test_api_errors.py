@@ -9,11 +9,17 @@ block fail the test.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
 import pickle
+import re
+import tracemalloc
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import huggingface_hub
@@ -28,9 +34,10 @@ import minigpt.loading
 import minigpt.model
 from minigpt.checkpoint import save_checkpoint
 from minigpt.config import GPT2Config
+from minigpt.causal_proof import prove
 from minigpt.errors import (CheckpointError, ConfigError, ContextLengthError, InputError, MinigptError,
-                            ModelNotFoundError, OfflineError, UnsafeCheckpointError)
-from minigpt.params import params_to_tensors, random_params
+                            ModelNotFoundError, NumericalError, OfflineError, TokenizerError, UnsafeCheckpointError)
+from minigpt.params import params_from_tensors, params_to_tensors, random_params
 from minigpt.safetensors_format import read_safetensors, write_safetensors
 
 # vocab_size 50257 so that GPT-2's tokenizer works with it; everything else as small as it gets.
@@ -169,6 +176,49 @@ def config_not_json(directory):
     return [str(directory / "config.json"), "JSON"]
 
 
+def a_billion_layers(directory):
+    """A config claiming sizes no file backs: refused before anything is built per layer."""
+    edit_config(directory, n_layer=10**9)
+    return ["n_layer 1000000000", "1 layer(s)"]
+
+
+def fewer_layers_than_stored(directory):
+    save_checkpoint(directory, dataclasses.replace(TINY, n_layer=2), random_params(dataclasses.replace(TINY, n_layer=2)))
+    edit_config(directory, n_layer=1)
+    return ["'h.1.attn.c_attn.bias'", "and 7 more", "n_layer 1"]
+
+
+def a_key_twice_in_config(directory):
+    text = (directory / "config.json").read_text()
+    (directory / "config.json").write_text(text.replace('"n_layer": 1', '"n_layer": 1, "n_layer": 2'))
+    return [str(directory / "config.json"), "'n_layer' appears twice"]
+
+
+def bytes_after_the_last_tensor(directory):
+    with open(weights(directory), "ab") as f:
+        f.write(b"\0" * 8)
+    return [str(weights(directory)), "8 bytes follow the last tensor"]
+
+
+def weights_are_a_directory(directory):
+    weights(directory).unlink()
+    weights(directory).mkdir()
+    return [f"{weights(directory)} is a directory"]
+
+
+def config_is_a_fifo(directory):
+    """Opening a FIFO blocks until something writes to it: it must be named, never opened."""
+    (directory / "config.json").unlink()
+    os.mkfifo(directory / "config.json")
+    return [f"{directory / 'config.json'} is a FIFO"]
+
+
+def weights_are_a_symlink_loop(directory):
+    weights(directory).unlink()
+    weights(directory).symlink_to(weights(directory).name)
+    return [f"{weights(directory)} is a symlink loop"]
+
+
 BROKEN_CHECKPOINTS = [
     pytest.param(no_weights_file, CheckpointError, id="no-weights-file"),
     pytest.param(only_a_partial_download, CheckpointError, id="only-model.safetensors.incomplete"),
@@ -186,6 +236,13 @@ BROKEN_CHECKPOINTS = [
     pytest.param(zero_layers, ConfigError, id="config-zero-layers"),
     pytest.param(negative_context, ConfigError, id="config-negative-n_positions"),
     pytest.param(config_not_json, CheckpointError, id="config-not-json"),
+    pytest.param(a_billion_layers, CheckpointError, id="config-n_layer-no-file-backs"),
+    pytest.param(fewer_layers_than_stored, CheckpointError, id="config-fewer-layers-than-stored"),
+    pytest.param(a_key_twice_in_config, CheckpointError, id="config-duplicate-key"),
+    pytest.param(bytes_after_the_last_tensor, CheckpointError, id="trailing-bytes"),
+    pytest.param(weights_are_a_directory, CheckpointError, id="weights-a-directory"),
+    pytest.param(config_is_a_fifo, CheckpointError, id="config-a-fifo"),
+    pytest.param(weights_are_a_symlink_loop, CheckpointError, id="weights-a-symlink-loop"),
 ]
 
 
@@ -467,3 +524,299 @@ def test_a_missing_relative_path_is_not_taken_for_a_hub_id(tmp_path, monkeypatch
     (tmp_path / "weights").mkdir()
     message = load_error("weights/gpt2", ModelNotFoundError)
     assert "no directory 'weights/gpt2'" in message
+
+
+# Sizes no file backs, unreadable directories, entries that are not files
+
+def test_a_config_claiming_a_billion_layers_costs_no_memory_in_proportion(tmp_path):
+    directory = make_checkpoint(tmp_path)
+    edit_config(directory, n_layer=10**9)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CheckpointError, match="n_layer 1000000000, but the weights hold 1 layer"):
+            minigpt.load(directory)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"{peak} bytes allocated to refuse a 400-byte config"
+
+
+@contextlib.contextmanager
+def unreadable(directory: Path, mode: int, monkeypatch):
+    """`directory` with permission bits `mode`. Root ignores them: as root, the calls a non-root user's
+    process would see refused (stat under a directory without x, listing one without r) are made to
+    fail as they would, with PermissionError."""
+    def refused(path) -> PermissionError:
+        return PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    def stat(path, *args, **kwargs):
+        if not mode & 0o100 and Path(path).parent == directory:
+            raise refused(path)
+        return real_stat(path, *args, **kwargs)
+
+    def listdir(path="."):
+        if not mode & 0o400 and Path(path) == directory:
+            raise refused(path)
+        return real_listdir(path)
+
+    real_stat, real_listdir = os.stat, os.listdir
+    directory.chmod(mode)
+    if os.geteuid() == 0:
+        print(f"running as root, whom mode {mode:o} does not stop: os.stat and os.listdir refuse as for a user")
+        monkeypatch.setattr(os, "stat", stat)
+        monkeypatch.setattr(os, "listdir", listdir)
+    try:
+        yield directory
+    finally:
+        monkeypatch.undo()
+        directory.chmod(0o755)
+
+
+@pytest.mark.parametrize("mode, has_weights, fault", [
+    (0o000, True, "cannot look into the directory"),
+    (0o600, True, "cannot look into the directory"),
+    (0o300, False, "cannot list the directory"),
+], ids=["mode-000", "mode-600", "mode-300-no-weights"])
+def test_an_unreadable_checkpoint_directory_is_one_error_naming_it(tmp_path, monkeypatch, mode, has_weights, fault):
+    directory = make_checkpoint(tmp_path / "ckpt")
+    if not has_weights:
+        weights(directory).unlink()
+    with unreadable(directory, mode, monkeypatch):
+        with pytest.raises(CheckpointError) as caught:
+            minigpt.load(str(directory))
+    assert fault in str(caught.value) and str(directory) in str(caught.value)
+
+
+def test_a_model_path_under_an_unsearchable_directory_is_named(tmp_path, monkeypatch):
+    make_checkpoint(tmp_path / "locked" / "ckpt")
+    with unreadable(tmp_path / "locked", 0o000, monkeypatch):
+        with pytest.raises(CheckpointError, match=f"cannot look into the directory {tmp_path / 'locked'}"):
+            minigpt.load(str(tmp_path / "locked" / "ckpt"))
+
+
+def test_an_unreadable_bpe_folder_is_a_tokenizer_error_naming_it(tmp_path, monkeypatch):
+    (tmp_path / "bpe").mkdir()
+    monkeypatch.setenv("MINIGPT_BPE_DIR", str(tmp_path / "bpe"))
+    with unreadable(tmp_path / "bpe", 0o000, monkeypatch):
+        with pytest.raises(TokenizerError, match=f"cannot look into the directory {tmp_path / 'bpe'}"):
+            minigpt.gpt2_tokenizer()
+
+
+@pytest.mark.parametrize("make, what", [(os.mkfifo, "a FIFO"), (os.mkdir, "a directory"),
+                                        (lambda p: os.symlink(p.name, p), "a symlink loop")],
+                         ids=["fifo", "directory", "symlink-loop"])
+def test_a_bpe_table_that_is_not_a_file_is_named_never_opened(tmp_path, monkeypatch, make, what):
+    make(tmp_path / "encoder.json")
+    (tmp_path / "vocab.bpe").write_text("#version: 0.2\n")
+    monkeypatch.setenv("MINIGPT_BPE_DIR", str(tmp_path))
+    with pytest.raises(TokenizerError, match=f"{tmp_path / 'encoder.json'} is {what}"):
+        minigpt.gpt2_tokenizer()
+
+
+@pytest.mark.parametrize("make, what", [(os.mkfifo, "a FIFO"), (lambda p: p.write_bytes(b""), "a file")],
+                         ids=["fifo", "file"])
+def test_a_model_source_that_is_no_directory_says_what_it_is(tmp_path, make, what):
+    make(tmp_path / "model")
+    assert f"is {what}; --model wants a checkpoint directory" in load_error(str(tmp_path / "model"),
+                                                                           ModelNotFoundError)
+
+
+# Broken BPE tables: validated before tiktoken, which would panic
+
+def bpe_tables(directory: Path, edit, merges: int = 50000) -> Path:
+    """GPT-2's encoder.json + vocab.bpe in `directory`, the vocabulary {token: id} changed by `edit`,
+    the first `merges` merges kept."""
+    from conftest import bpe_dir
+
+    directory.mkdir(exist_ok=True)
+    vocab = json.loads((bpe_dir() / "encoder.json").read_text(encoding="utf-8"))
+    (directory / "encoder.json").write_text(json.dumps(edit(vocab)), encoding="utf-8")
+    lines = (bpe_dir() / "vocab.bpe").read_text(encoding="utf-8").split("\n")
+    (directory / "vocab.bpe").write_text("\n".join(lines[:1 + merges]), encoding="utf-8")
+    return directory
+
+
+def without_byte_a(vocab: dict) -> dict:
+    """The token of the single byte "a" renamed to a multi-byte token: 50,257 tokens, one byte without one."""
+    return {("aaaaaaaaaaaaaa" if token == "a" else token): i for token, i in vocab.items()}
+
+
+def first_300(vocab: dict) -> dict:
+    return {token: i for token, i in vocab.items() if i < 300}
+
+
+@pytest.mark.parametrize("edit, merges, fault", [
+    (without_byte_a, 50000, "lacks 1 of the 256 single-byte tokens (the first: byte 0x61)"),
+    (first_300, 50000, "merge 44 ('Ġ l') disagrees with the vocabulary"),
+    (first_300, 44, "has 300 tokens besides <|endoftext|>; GPT-2's has 50256"),
+    (lambda vocab: {token: float(i) for token, i in vocab.items()}, 50000, "ids are not 0 .. n-1"),
+], ids=["no-single-byte-a", "merges-beyond-the-vocabulary", "a-smaller-vocabulary", "float-ids"])
+def test_broken_bpe_tables_are_a_tokenizer_error(tmp_path, monkeypatch, edit, merges, fault):
+    monkeypatch.setenv("MINIGPT_BPE_DIR", str(bpe_tables(tmp_path / "bpe", edit, merges)))
+    with pytest.raises(TokenizerError) as caught:
+        minigpt.gpt2_tokenizer()
+    assert fault in str(caught.value) and str(tmp_path / "bpe") in str(caught.value)
+
+
+def test_a_checkpoints_broken_vocab_json_is_a_tokenizer_error_at_first_use(tmp_path):
+    directory = make_checkpoint(tmp_path / "ckpt")
+    tables = bpe_tables(tmp_path / "bpe", without_byte_a)
+    (tables / "encoder.json").rename(directory / "vocab.json")
+    (tables / "vocab.bpe").rename(directory / "merges.txt")
+    model = minigpt.load(directory)
+    with pytest.raises(TokenizerError, match="single-byte tokens"):
+        minigpt.encode(model.tokenizer, "a cat")
+
+
+def test_a_model_without_a_tokenizer_says_its_vocabulary_is_not_gpt2s(tmp_path):
+    model = minigpt.load(make_checkpoint(tmp_path, dataclasses.replace(TINY, vocab_size=300, eos_token_id=None)))
+    with pytest.raises(TokenizerError, match="vocabulary is not GPT-2's"):
+        minigpt.encode(model.tokenizer, "The dog")
+
+
+# Overflow inside the forward: finite weights too large for float32
+
+def scaled(model: minigpt.Model, factor: float, only: str = "") -> minigpt.Model:
+    """`model` with every weight whose name starts with `only` multiplied by `factor` (still finite)."""
+    tensors = {name: value * np.float32(factor) if name.startswith(only) else value
+               for name, value in params_to_tensors(model.params).items()}
+    return dataclasses.replace(model, params=params_from_tensors(model.config, tensors))
+
+
+OVERFLOWING_CALLS = {
+    "forward": lambda model: model.forward([464, 3290]),
+    "generate-greedy": lambda model: minigpt.generate(model, [464, 3290], 3),
+    "generate-no-cache": lambda model: minigpt.generate(model, [464, 3290], 3, use_cache=False),
+    "generate-sampled": lambda model: minigpt.generate(model, [464, 3290], 3, temperature=1.0, seed=0),
+    "generate-speculative": lambda model: minigpt.generate(model, [464, 3290] * 3, 3, speculate="ngram"),
+    "stream": lambda model: list(minigpt.stream(model, [464, 3290], 3, temperature=0.7, seed=0)),
+    "generate_batch": lambda model: minigpt.generate_batch(model, [[464], [3290, 464]], 3),
+    "score": lambda model: minigpt.score(model, [464, 3290, 13]),
+    "prove": lambda model: prove(model, [464, 3290], 2),
+}
+
+
+@pytest.mark.parametrize("call", OVERFLOWING_CALLS)
+def test_huge_finite_weights_raise_a_numerical_error_naming_the_first_block(tiny_model, call):
+    with pytest.raises(NumericalError, match=r"not finite \(NaN or infinity\) after block 0 \(h\.0\)"):
+        OVERFLOWING_CALLS[call](scaled(tiny_model, 1e30))
+
+
+def test_the_numerical_error_names_the_first_block_that_overflowed(tiny_model):
+    with pytest.raises(NumericalError, match=re.escape("after block 1 (h.1)")):
+        scaled(tiny_model, 1e30, "h.1.").forward([464, 3290])
+
+
+def test_the_numerical_error_names_the_lm_head_when_only_the_logits_overflow(tiny_model):
+    """ln_f outputs 1e37 everywhere, finite; token 0's row of wte sums to 64: its logit is 6.4e38."""
+    tensors = params_to_tensors(tiny_model.params)
+    tensors["ln_f.weight"] = np.zeros(64, np.float32)
+    tensors["ln_f.bias"] = np.full(64, 1e37, np.float32)
+    tensors["wte.weight"] = tensors["wte.weight"].copy()
+    tensors["wte.weight"][0] = 1
+    model = dataclasses.replace(tiny_model, params=params_from_tensors(tiny_model.config, tensors))
+    with pytest.raises(NumericalError, match=re.escape("after the LM head (the logits, wte)")):
+        model.forward([464, 3290])
+
+
+def test_an_overflowing_forward_leaves_the_cache_as_it_was(tiny_model):
+    cache = tiny_model.new_cache()
+    tiny_model.forward([464, 3290], cache)
+    k, v = cache.k.copy(), cache.v.copy()
+    with pytest.raises(NumericalError):
+        scaled(tiny_model, 1e30, "h.1.").forward([13, 14], cache)
+    assert cache.length == 2
+    assert np.array_equal(cache.k.view(np.uint32), k.view(np.uint32)) and np.array_equal(cache.v, v)
+
+
+# Objects from another model
+
+def model_of(**sizes) -> minigpt.Model:
+    config = GPT2Config(**{**dict(vocab_size=50257, n_positions=32, n_embd=8, n_layer=1, n_head=2), **sizes})
+    return minigpt.Model(config, random_params(config))
+
+
+@pytest.mark.parametrize("other, names", [
+    (dict(n_layer=2), ["n_layer 2 (this model: 1)"]),
+    (dict(n_head=4), ["n_head 4 (this model: 2)", "head_dim 2 (this model: 4)"]),
+    (dict(n_embd=16, n_head=2), ["head_dim 8 (this model: 4)"]),
+    (dict(n_positions=64), ["holds 64 positions", "context of 32"]),
+], ids=["n_layer", "n_head", "head_dim", "capacity"])
+def test_a_cache_from_another_model_is_refused_naming_what_does_not_fit(no_work, other, names):
+    model, cache = model_of(), model_of(**other).new_cache()
+    for call in (lambda: model.forward([464], cache), lambda: model.forward_batch([[464]], [cache])):
+        with pytest.raises(InputError) as caught:
+            call()
+        assert all(name in str(caught.value) for name in names), caught.value
+        assert cache.length == 0
+
+
+@pytest.mark.parametrize("cache, fault", [
+    ({"k": None}, "must be a KVCache"),
+    (minigpt.KVCache(np.zeros((1, 2, 16, 4)), np.zeros((1, 2, 16, 4)), [0]), "float32 array"),
+    (minigpt.KVCache(np.zeros((1, 2, 16, 4), np.float32), np.zeros((1, 2, 16, 4), np.float32), [1]), "page table"),
+], ids=["not-a-cache", "float64-store", "page-outside-store"])
+def test_a_cache_that_is_not_one_is_refused(no_work, cache, fault):
+    with pytest.raises(InputError, match=fault):
+        model_of().forward([464], cache)
+
+
+@pytest.mark.parametrize("capacity, fault", [
+    (-5, "capacity must be an integer >= 1, got -5"),
+    (0, "capacity must be an integer >= 1, got 0"),
+    (2.5, "capacity must be an integer >= 1, got 2.5"),
+    (True, "capacity must be an integer >= 1, got True"),
+    (10**12, "at most the model's context of 256 positions (n_positions), got 1000000000000"),
+])
+def test_new_cache_takes_only_a_capacity_within_the_context(tiny_model, capacity, fault):
+    for make in (tiny_model.new_cache, lambda c: minigpt.new_cache(tiny_model.config, c)):
+        with pytest.raises(InputError, match=re.escape(fault)):
+            make(capacity)
+
+
+# What load, the sampling options and the pool accept
+
+@pytest.mark.parametrize("source", [None, 123, b"random-tiny", ["random-tiny"]])
+def test_only_a_str_or_path_names_a_model(source):
+    message = load_error(source, InputError)
+    assert "must be a str or os.PathLike" in message and type(source).__name__ in message
+
+
+def test_a_path_object_names_a_model(tmp_path):
+    assert minigpt.load(make_checkpoint(tmp_path)).config == TINY
+
+
+@pytest.mark.parametrize("name", ["random-tiny", "gpt2"])
+def test_an_existing_local_directory_wins_over_every_name(tmp_path, monkeypatch, name):
+    """The one rule: a local directory of that name is loaded, whether the name is embedded or a hub alias."""
+    make_checkpoint(tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    assert minigpt.load(name).config == TINY
+
+
+@pytest.mark.parametrize("options, option", [
+    (dict(temperature=Fraction(1, 2)), "temperature"),
+    (dict(temperature=Decimal("0.5")), "temperature"),
+    (dict(temperature=True), "temperature"),
+    (dict(top_p=Fraction(1, 2)), "top_p"),
+    (dict(top_p=np.bool_(True)), "top_p"),
+    (dict(top_k=Fraction(2, 1)), "top_k"),
+], ids=["temperature-fraction", "temperature-decimal", "temperature-bool", "top_p-fraction", "top_p-numpy-bool",
+        "top_k-fraction"])
+def test_a_number_numpy_cannot_compute_with_is_refused(tiny_model, no_work, options, option):
+    for call in (lambda: minigpt.generate(tiny_model, [464], 1, **options),
+                 lambda: minigpt.generate_batch(tiny_model, [[464]], 1, **options)):
+        with pytest.raises(InputError, match=option):
+            call()
+
+
+def test_numpy_scalars_are_numbers(tiny_model):
+    result = minigpt.generate(tiny_model, [464], 2, temperature=np.float32(0.5), top_p=np.float64(0.9),
+                              top_k=np.int64(5), seed=np.uint8(3))
+    assert result.tokens == minigpt.generate(tiny_model, [464], 2, temperature=0.5, top_p=0.9, top_k=5, seed=3).tokens
+
+
+@pytest.mark.parametrize("options", [dict(kv_cache_tokens=10**15), dict(max_batch_size=10**12)])
+def test_a_page_pool_beyond_memory_is_an_input_error(tiny_model, no_work, options):
+    with pytest.raises(InputError, match="cannot be allocated"):
+        minigpt.generate_batch(tiny_model, [[464]], 1, **options)

@@ -18,11 +18,14 @@ import time
 from pathlib import Path
 
 import huggingface_hub
+import numpy as np
 import pytest
 from test_api_errors import ALIASES, BROKEN_CHECKPOINTS, EOT, TINY, ReadError, make_checkpoint, only_a_pickle
 
 import minigpt
+from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
+from minigpt.params import params_from_tensors, params_to_tensors, random_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -237,3 +240,19 @@ def test_ctrl_c_exits_130_without_a_traceback_keeping_the_text_printed(tmp_path)
     assert b"Traceback" not in err and b"error" not in err
     assert printed.startswith(prompt.encode())
     assert stdout.read_bytes().startswith(printed)
+
+
+@pytest.mark.parametrize("command, argv, echoed", [
+    ("prove", ["--prompt", "The dog", "--json", "--steps", "2"], ""),
+    ("generate", ["The dog", "--json", "--max-new-tokens", "2"], ""),
+    ("generate", ["The dog", "--temperature", "1", "--max-new-tokens", "2"], "The dog"),
+    ("score", ["The dog"], ""),
+], ids=["prove-json", "generate-json", "generate-sampled-text", "score"])
+def test_huge_finite_weights_are_one_error_line_never_nan_or_garbage(capsys, tmp_path, command, argv, echoed):
+    """Every weight x1e30 overflows float32 in block 0: one error naming it; on stdout no NaN, no token,
+    only the prompt that streamed text echoes before its first step."""
+    params = random_params(TINY, seed=1)
+    tensors = {name: value * np.float32(1e30) for name, value in params_to_tensors(params).items()}
+    save_checkpoint(tmp_path, TINY, params_from_tensors(TINY, tensors))
+    code, out, err = cli(capsys, *argv, "--model", str(tmp_path), command=command)
+    assert_error((code, out.removeprefix(echoed), err), ["not finite", "after block 0 (h.0)"])

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import minigpt.checkpoint
 from minigpt.checkpoint import load_checkpoint, save_checkpoint
 from minigpt.config import GPT2Config, config_to_dict
 from minigpt.errors import CheckpointError, ConfigError, MinigptError, UnsafeCheckpointError
@@ -182,6 +183,35 @@ def test_a_header_entry_that_is_not_an_object(tmp_path):
     assert "tensor 'h.0.ln_1.bias': header entry is not an object" in load_error(tmp_path)
 
 
+def overlap(header: dict, data: bytes) -> tuple[dict, bytes]:
+    begin, end = header["h.0.ln_1.weight"]["data_offsets"]  # just after h.0.ln_1.bias, both [8] F32
+    header["h.0.ln_1.weight"]["data_offsets"] = [begin - 16, end - 16]  # its first half in the bias
+    return header, data
+
+
+def gap(header: dict, data: bytes) -> tuple[dict, bytes]:
+    for name, entry in header.items():
+        if name != "__metadata__":
+            entry["data_offsets"] = [offset + 8 for offset in entry["data_offsets"]]
+    return header, bytes(8) + data
+
+
+@pytest.mark.parametrize("edit, fault", [
+    (overlap, "tensor 'h.0.ln_1.weight' begins at byte 1168 of the data and overlaps the tensors before it, "
+              "which end at 1184"),
+    (gap, "tensor 'h.0.attn.c_attn.bias' begins at byte 8 of the data and leaves a gap of 8 bytes"),
+    (lambda header, data: (header, data + bytes(3)), "3 bytes follow the last tensor"),
+], ids=["overlapping tensors", "gap before the first", "trailing bytes"])
+def test_data_not_tiled_exactly_by_the_tensors_is_refused_as_by_the_reference_reader(tmp_path, edit, fault):
+    path = write_checkpoint(tmp_path)
+    path.write_bytes(join(*edit(*split(path.read_bytes()))))
+    message = load_error(tmp_path)
+    assert str(path) in message and fault in message
+    load_file = pytest.importorskip("safetensors.numpy", reason="the reference reader to compare with").load_file
+    with pytest.raises(Exception, match="invalid offset|incomplete metadata"):
+        load_file(path)
+
+
 # Well-formed files that are not this GPT-2
 
 def test_missing_tensor_is_named(tmp_path):
@@ -190,15 +220,31 @@ def test_missing_tensor_is_named(tmp_path):
 
 
 def test_another_architecture_names_the_first_missing_tensors(tmp_path):
+    write_checkpoint(tmp_path, {name: value for name, value in TENSORS.items() if not name.startswith(("wte", "ln_f"))})
+    message = load_error(tmp_path)
+    assert "lack GPT-2 tensor(s) 'wte.weight', 'ln_f.weight', 'ln_f.bias'" in message
+
+
+def test_another_architecture_without_gpt2_layers_names_its_tensors(tmp_path):
     write_checkpoint(tmp_path, {"model.embed_tokens.weight": np.zeros((16, 8), np.float32)})
     message = load_error(tmp_path)
-    assert "'wte.weight', 'wpe.weight', 'ln_f.weight', 'ln_f.bias', 'h.0.ln_1.weight' and 11 more" in message
+    assert "n_layer 1, but the weights hold 0 layer(s)" in message and "'model.embed_tokens.weight'" in message
 
 
 def test_wrong_shape_names_tensor_and_both_shapes(tmp_path):
     path = write_checkpoint(tmp_path, TENSORS | {"h.0.mlp.c_fc.weight": TENSORS["h.0.mlp.c_fc.weight"].T})
     message = load_error(tmp_path)
     assert f"{path}: tensor 'h.0.mlp.c_fc.weight' has shape [32, 8], expected [8, 32]" in message
+
+
+def test_a_shape_the_config_does_not_imply_is_refused_before_any_data_is_read(tmp_path, monkeypatch):
+    write_checkpoint(tmp_path, TENSORS | {"wpe.weight": np.zeros((10**4, 8), np.float32)})
+
+    def read_safetensors(*args, **kwargs):
+        pytest.fail("tensor data was read before the header's shapes were checked")
+
+    monkeypatch.setattr(minigpt.checkpoint, "read_safetensors", read_safetensors)
+    assert "tensor 'wpe.weight' has shape [10000, 8], expected [8, 8]" in load_error(tmp_path)
 
 
 def test_integer_weights_are_refused(tmp_path):
@@ -226,6 +272,13 @@ def test_an_untied_lm_head_is_refused(tmp_path):
 def test_a_tensor_stored_with_and_without_prefix_is_refused(tmp_path):
     write_checkpoint(tmp_path, TENSORS | {"transformer.wpe.weight": TENSORS["wpe.weight"]})
     assert "tensor 'wpe.weight' is stored twice" in load_error(tmp_path)
+
+
+@pytest.mark.parametrize("extra", ["score.weight", "h.1.attn.bias", "h.0.attn.c_attn.bias.extra"])
+def test_a_tensor_the_config_has_no_place_for_is_refused_not_dropped(tmp_path, extra):
+    write_checkpoint(tmp_path, TENSORS | {extra: np.zeros(8, np.float32)})
+    message = load_error(tmp_path)
+    assert f"the weights hold tensor(s) {extra!r}, which a GPT-2 of config.json's sizes (n_layer 1)" in message
 
 
 def test_only_the_exact_mask_buffer_names_are_ignored(tmp_path):
