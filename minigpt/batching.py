@@ -59,10 +59,12 @@ def make_requests(model: Model, prompts, options: dict) -> list[Request]:
 
 def new_pool(model: Model, requests: list[Request], max_batch_size: int, kv_cache_tokens: int | None) -> PagePool:
     """The page pool for a batch: kv_cache_tokens positions (default: max_batch_size whole contexts),
-    refusing up front a request that could never fit in it."""
+    refusing up front a request that could never fit in it. It never holds more than a whole context
+    per request, all a batch can use: a huge max_batch_size or kv_cache_tokens allocates no more."""
+    n_positions = model.config.n_positions
     if kv_cache_tokens is None:
-        kv_cache_tokens = max_batch_size * model.config.n_positions
-    n_pages = pages_for(check_int(kv_cache_tokens, "kv_cache_tokens", 1))
+        kv_cache_tokens = check_int(max_batch_size, "max_batch_size", 1) * n_positions
+    n_pages = pages_for(min(check_int(kv_cache_tokens, "kv_cache_tokens", 1), max(1, len(requests)) * n_positions))
     for i, r in enumerate(requests):
         if pages_for(r.max_positions) > n_pages:
             raise InputError(f"prompt {i}: {len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
@@ -139,7 +141,7 @@ def generate_batch(model: Model, prompts, max_new_tokens=40, *, temperature=0.0,
     list with one per prompt. An int seed gives every prompt its own generator seeded with it, as
     if it were generated alone. A step's wall time counts for every token it produced. The keys and
     values of all sequences share a pool of kv_cache_tokens positions (default: max_batch_size whole
-    contexts); sequences are preempted and recomputed when it runs short (see the module docstring).
+    contexts; at most one per prompt); sequences are preempted and recomputed when it runs short (see the module docstring).
     With the exact kernels, result i equals generate(model, prompts[i], ...) with prompt i's options.
     """
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
