@@ -62,17 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status: 0 done, 1 a fault, 2 a usage error, 130 Ctrl-C."""
+    """Run one command; its exit status: 0 done, 1 a fault, 2 a usage error, 130 Ctrl-C (argparse's
+    own usage errors, --help and --version end in SystemExit, as argparse does)."""
     with standard_streams():
         try:
             return run(argv)
         except MinigptError as e:
-            with suppress(OutputError):
+            with suppress(OutputError, OSError):  # a broken pipe too
                 flush_stdout()  # what was printed, then the error
             print("error:", " ".join(str(e).splitlines()), file=sys.stderr)  # always one line
             return 2 if isinstance(e, UsageError) else 1
         except KeyboardInterrupt:
-            with suppress(OutputError):
+            with suppress(OutputError, OSError):  # a broken pipe too
                 flush_stdout()
             print(file=sys.stderr)  # end the line the terminal's ^C began
             return 130
@@ -86,9 +87,9 @@ def run(argv: list[str] | None) -> int:
         args, unknown = build_parser().parse_known_args(argv)
         if unknown:
             args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    except SystemExit as e:  # argparse: --help, --version or a usage error, already printed
+    except SystemExit:  # argparse: --help, --version or a usage error, already printed
         flush_stdout()
-        return e.code
+        raise
     if sys.stdout is None and getattr(args, "output", "-") == "-":  # only `batch -o FILE` can do without it
         raise OutputError("stdout is closed: there is nowhere to print the output")
     try:
