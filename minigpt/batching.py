@@ -141,7 +141,8 @@ def generate_batch(model: Model, prompts, max_new_tokens=40, *, temperature=0.0,
     list with one per prompt. An int seed gives every prompt its own generator seeded with it, as
     if it were generated alone. A step's wall time counts for every token it produced. The keys and
     values of all sequences share a pool of kv_cache_tokens positions (default: max_batch_size whole
-    contexts; at most one per prompt); sequences are preempted and recomputed when it runs short (see the module docstring).
+    contexts; at most one per prompt); sequences are preempted and recomputed when it runs short (see
+    the module docstring).
     With the exact kernels, result i equals generate(model, prompts[i], ...) with prompt i's options.
     """
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,

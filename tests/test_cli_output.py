@@ -172,7 +172,8 @@ def test_the_real_process_exits_1_on_a_closed_or_full_stdout_and_0_on_a_closed_s
     """At the descriptors' level, as a shell sees it: no traceback, no exit status 120 from the
     interpreter's last flush."""
     closed = subprocess_run(tmp_path, commands(prompts)["generate"], preexec_fn=close(1))
-    assert closed.returncode == 1 and closed.stderr == b"error: stdout is closed: there is nowhere to print the output\n"
+    assert closed.returncode == 1
+    assert closed.stderr == b"error: stdout is closed: there is nowhere to print the output\n"
     with open("/dev/full", "wb") as full:
         done = subprocess_run(tmp_path, commands(prompts)["cost"], stdout=full)
     assert done.returncode == 1 and done.stderr == b"error: cannot write to stdout: No space left on device\n"

@@ -84,7 +84,8 @@ def add_parser(sub) -> None:
                    help=f"decode at most B sequences together (default {DEFAULT_MAX_BATCH_SIZE})")
     p.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="T",
                    help="the pool of keys and values holds T positions, in pages of 16 (default: B whole "
-                        "contexts; at most one per prompt); when it runs short, sequences are preempted and recomputed exactly")
+                        "contexts; at most one per prompt); when it runs short, sequences are preempted and "
+                        "recomputed exactly")
     add_sampling_options(p)
     p.set_defaults(run=run)
 
