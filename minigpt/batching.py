@@ -27,7 +27,7 @@ from .kernels import PAGE
 from .kv_cache import pages_for
 from .model import Model
 from .paging import PagePool
-from .sequence import GenerationResult, Request, make_request, new_sequence
+from .sequence import TRUNCATE_HINT, GenerationResult, Request, make_request, new_sequence
 
 PER_PROMPT = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
 
@@ -52,8 +52,8 @@ def make_requests(model: Model, prompts, options: dict) -> list[Request]:
             requests.append(make_request(model, prompt, stop_at_eos=options["stop_at_eos"],
                                          top_logprobs=options["top_logprobs"],
                                          **{name: per_prompt[name][i] for name in PER_PROMPT}))
-        except MinigptError as e:
-            raise type(e)(f"prompt {i}: {e}") from None
+        except MinigptError as e:  # no truncate_prompt here: its hint would name an option this API lacks
+            raise type(e)(f"prompt {i}: {str(e).replace(TRUNCATE_HINT, '')}") from None
     return requests
 
 

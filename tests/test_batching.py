@@ -69,6 +69,12 @@ def test_every_request_is_checked_before_any_work_and_named_by_index(model, call
         call(model)
 
 
+def test_a_prompt_too_long_is_not_told_of_an_option_generate_batch_lacks(model):
+    with pytest.raises(ContextLengthError, match=r"^prompt 1: prompt of 250 tokens \+ 10 new tokens exceeds the "
+                                                 r"context of 256 \(n_positions\); shorten them$"):
+        generate_batch(model, [[1], [1] * 250], max_new_tokens=10)
+
+
 def test_the_pool_defaults_to_max_batch_size_whole_contexts(model):
     requests, pool = requests_and_pool(model, [[1]] * 4, 4, None, max_batch_size=3)
     assert pool.n_pages * PAGE == 3 * model.config.n_positions
