@@ -13,6 +13,16 @@ paging, tokenizer, safetensors_format, checkpoint, model, loading, sampling, seq
 generate, scoring, batching, causal_proof, cost, staircase, cli.
 """
 
+import os
+import signal
+import sys
+
+if sys.argv[:1] == ["-m"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    # `python -m minigpt` is starting (Python sets argv[0] to "-m" while it imports the package): Ctrl-C
+    # while the modules below load exits 130 at once, with no traceback (nothing is printed yet);
+    # minigpt/__main__.py restores KeyboardInterrupt once they are loaded.
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
+
 from . import errors
 from .batching import generate_batch
 from .config import GPT2Config

@@ -27,7 +27,7 @@ from .kernels import PAGE
 from .kv_cache import pages_for
 from .model import Model
 from .paging import PagePool
-from .sequence import GenerationResult, Request, make_request, new_sequence
+from .sequence import TRUNCATE_HINT, GenerationResult, Request, make_request, new_sequence
 
 PER_PROMPT = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
 
@@ -52,17 +52,19 @@ def make_requests(model: Model, prompts, options: dict) -> list[Request]:
             requests.append(make_request(model, prompt, stop_at_eos=options["stop_at_eos"],
                                          top_logprobs=options["top_logprobs"],
                                          **{name: per_prompt[name][i] for name in PER_PROMPT}))
-        except MinigptError as e:
-            raise type(e)(f"prompt {i}: {e}") from None
+        except MinigptError as e:  # no truncate_prompt here: its hint would name an option this API lacks
+            raise type(e)(f"prompt {i}: {str(e).replace(TRUNCATE_HINT, '')}") from None
     return requests
 
 
 def new_pool(model: Model, requests: list[Request], max_batch_size: int, kv_cache_tokens: int | None) -> PagePool:
     """The page pool for a batch: kv_cache_tokens positions (default: max_batch_size whole contexts),
-    refusing up front a request that could never fit in it."""
+    refusing up front a request that could never fit in it. It never holds more than a whole context
+    per request, all a batch can use: a huge max_batch_size or kv_cache_tokens allocates no more."""
+    n_positions = model.config.n_positions
     if kv_cache_tokens is None:
-        kv_cache_tokens = max_batch_size * model.config.n_positions
-    n_pages = pages_for(check_int(kv_cache_tokens, "kv_cache_tokens", 1))
+        kv_cache_tokens = check_int(max_batch_size, "max_batch_size", 1) * n_positions
+    n_pages = pages_for(min(check_int(kv_cache_tokens, "kv_cache_tokens", 1), max(1, len(requests)) * n_positions))
     for i, r in enumerate(requests):
         if pages_for(r.max_positions) > n_pages:
             raise InputError(f"prompt {i}: {len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
@@ -143,7 +145,8 @@ def generate_batch(model: Model, prompts, max_new_tokens=40, *, temperature=0.0,
     list with one per prompt. An int seed gives every prompt its own generator seeded with it, as
     if it were generated alone. A step's wall time counts for every token it produced. The keys and
     values of all sequences share a pool of kv_cache_tokens positions (default: max_batch_size whole
-    contexts); sequences are preempted and recomputed when it runs short (see the module docstring).
+    contexts; at most one per prompt); sequences are preempted and recomputed when it runs short (see
+    the module docstring).
     With the exact kernels, result i equals generate(model, prompts[i], ...) with prompt i's options.
     """
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,

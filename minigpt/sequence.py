@@ -41,6 +41,9 @@ class Request:
         return len(self.prompt) + max(self.max_new_tokens, 1) - 1
 
 
+TRUNCATE_HINT = " or keep only the prompt's last tokens (truncate_prompt=True)"  # the CLI names its own option
+
+
 def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_prompt: bool = False) -> list[int]:
     """Check a prompt before any work: ids, lengths, and that it fits in n_positions.
 
@@ -59,9 +62,7 @@ def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_promp
         if not truncate_prompt or room < 1:
             raise ContextLengthError(
                 f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the context of "
-                f"{config.n_positions} (n_positions); shorten them"
-                + (" or keep only the prompt's last tokens (truncate_prompt=True; generate --truncate-prompt)"
-                   if room >= 1 else "")
+                f"{config.n_positions} (n_positions); shorten them" + (TRUNCATE_HINT if room >= 1 else "")
             )
         ids = ids[-room:]
     return ids

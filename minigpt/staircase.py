@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .cost import Cost, estimate, gpt2_architecture
-from .errors import MinigptError
+from .errors import ContextLengthError, InputError, MinigptError, check_int
 from .generate import generate
 from .sequence import prepare_prompt
 from .model import Model
@@ -52,8 +52,13 @@ def fixed_prompt(model: Model, n_tokens: int) -> list[int]:
 def measure(model: Model, prompt_tokens: int, new_tokens: int, on_step: OnStep | None = None) -> Staircase:
     """Time both loops on the same prompt; a short warm-up first so that token 1 is not a cold start.
 
-    The request is checked before the warm-up: one too long for the context fails before any work.
+    The sizes are checked before the prompt is built and the request before the warm-up: one too
+    long for the context fails before any work.
     """
+    prompt_tokens, new_tokens = check_int(prompt_tokens, "prompt_tokens", 1), check_int(new_tokens, "new_tokens", 1)
+    if prompt_tokens + new_tokens > model.config.n_positions:
+        raise ContextLengthError(f"prompt of {prompt_tokens} tokens + {new_tokens} new tokens exceeds the context "
+                                 f"of {model.config.n_positions} (n_positions); shorten them")
     prompt = prepare_prompt(model, fixed_prompt(model, prompt_tokens), new_tokens)
     generate(model, prompt[:1], 1)  # the first BLAS calls, every weight's pages touched once
     seconds = {}
@@ -74,8 +79,23 @@ def require_matplotlib() -> None:
         raise MinigptError("--plot needs matplotlib: pip install 'minigpt[plot]' (or pip install matplotlib)") from None
 
 
+def image_format(path: str | Path) -> str:
+    """The format a plot of `path` is written in: its extension's (png, svg, pdf, ... whatever matplotlib
+    writes), PNG when it has none; the file is `path` exactly, nothing appended. Asked of matplotlib's
+    canvas without drawing anything, so that a bad name fails before a long measurement."""
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase  # no pyplot: no GUI backend
+
+    extension = Path(path).suffix[1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if extension and extension not in formats:
+        raise InputError(f"matplotlib cannot write a .{extension} file; name a file ending in "
+                         + ", ".join(f".{f}" for f in sorted(formats)) + " (no extension: PNG)")
+    return extension or "png"
+
+
 def plot(staircase: Staircase, path: str | Path, title: str) -> None:
-    """A PNG of per-token latency against token index, both loops on one chart."""
+    """A plot of per-token latency against token index, both loops on one chart."""
     labels = {"naive": "naive loop", "cached": "KV cache"}
     plot_latencies({f"{labels[mode]}: total {sum(s):.2f} s": [t * 1e3 for t in s]
                     for mode, s in staircase.seconds.items()}, path, title)
@@ -83,7 +103,7 @@ def plot(staircase: Staircase, path: str | Path, title: str) -> None:
 
 def plot_latencies(series: dict[str, list[float]], path: str | Path, title: str, *, first_token: int = 1,
                    floor: tuple[str, float] | None = None) -> None:
-    """A PNG of milliseconds per generated token, one line per labelled series starting at `first_token`,
+    """A plot of milliseconds per generated token, one line per labelled series starting at `first_token`,
     and optionally a (label, ms) floor as a dashed line. scripts/benchmark.py draws its plot with it too."""
     plot_lines({label: (range(first_token, first_token + len(ms)), ms) for label, ms in series.items()}, path,
                title, xlabel="generated token", ylabel="wall time of that token (ms)", floor=floor)
@@ -91,9 +111,10 @@ def plot_latencies(series: dict[str, list[float]], path: str | Path, title: str,
 
 def plot_lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], path: str | Path, title: str, *,
                xlabel: str, ylabel: str, floor: tuple[str, float] | None = None) -> None:
-    """A PNG of one line per labelled (x values, y values) series, y from 0, and optionally a (label, y)
-    floor as a dashed line. The latency plots use it, and scripts/benchmark.py's tokens/s against B."""
-    require_matplotlib()
+    """A plot of one line per labelled (x values, y values) series, y from 0, and optionally a (label, y)
+    floor as a dashed line, written to `path` exactly (format: image_format). The latency plots use it,
+    and scripts/benchmark.py's tokens/s against B."""
+    image = image_format(path)
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
 
     fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
@@ -110,6 +131,6 @@ def plot_lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     try:
-        fig.savefig(path)
+        fig.savefig(path, format=image)
     except OSError as e:
         raise MinigptError(f"cannot write the plot to {path}: {e.strerror or e}") from None

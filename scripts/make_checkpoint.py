@@ -20,6 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
 from minigpt.checkpoint import PREFIX, save_checkpoint  # noqa: E402
+from minigpt.cli import Parser  # noqa: E402
+from minigpt.cli.common import non_negative_int, positive_int  # noqa: E402
 from minigpt.config import GPT2_SIZES  # noqa: E402
 from minigpt.loading import EMBEDDED  # noqa: E402
 from minigpt.params import random_params  # noqa: E402
@@ -31,13 +33,13 @@ HUB_BPE_FILES = BPE_FILE_PAIRS[-1]  # (merges.txt, vocab.json): the names a chec
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path)
+    parser = Parser(prog="make_checkpoint.py", description=__doc__.splitlines()[0])  # errors: one line, exit 2
+    parser.add_argument("out_dir", type=Path, metavar="OUT_DIR")
     parser.add_argument("--size", choices=SIZES, default="random-tiny")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--dtype", choices=ENCODINGS, default="float32")
     parser.add_argument("--no-prefix", action="store_true", help="name tensors h.0... as the hub's gpt2 file does")
-    parser.add_argument("--shards", type=int, default=1,
+    parser.add_argument("--shards", type=positive_int, default=1,
                         help="split the weights into this many files, each with one tensor at least")
     parser.add_argument("--lm-head", action="store_true", help="also store lm_head.weight (= wte)")
     parser.add_argument("--attn-bias", action="store_true", help="also store the causal-mask buffers")
@@ -52,18 +54,23 @@ def main(argv: list[str] | None = None) -> None:
     if args.bpe_dir and find_bpe_files(args.bpe_dir) is None:
         parser.error(f"--bpe-dir {args.bpe_dir} must hold "
                      + " or ".join(f"{vocab} and {merges}" for merges, vocab in BPE_FILE_PAIRS))
+    if args.out_dir.exists() and not args.out_dir.is_dir():
+        parser.error(f"OUT_DIR {args.out_dir} exists and is not a directory")
     config = SIZES[args.size]
+    params = random_params(config, args.seed)
     try:
         save_checkpoint(
-            args.out_dir, config, random_params(config, args.seed), dtype=args.dtype,
-            prefix="" if args.no_prefix else PREFIX, shards=args.shards, lm_head=args.lm_head,
-            attn_bias=args.attn_bias,
+            args.out_dir, config, params, dtype=args.dtype, prefix="" if args.no_prefix else PREFIX,
+            shards=args.shards, lm_head=args.lm_head, attn_bias=args.attn_bias,
         )
-    except ValueError as e:  # checked before anything is written
-        parser.error(f"--{e}")
-    if args.bpe_dir:
-        for source, target in zip(find_bpe_files(args.bpe_dir), HUB_BPE_FILES):
-            shutil.copyfile(source, args.out_dir / target)
+        if args.bpe_dir:
+            for source, target in zip(find_bpe_files(args.bpe_dir), HUB_BPE_FILES):
+                shutil.copyfile(source, args.out_dir / target)
+    except ValueError as e:  # the shard count, checked before anything is written
+        parser.error(f"argument --shards: {e}")
+    except OSError as e:
+        print(f"error: cannot write {e.filename or args.out_dir}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(1)
     print(f"wrote {args.size}'s shapes with random weights (seed {args.seed}) to {args.out_dir}")
 
 

@@ -69,9 +69,22 @@ def test_every_request_is_checked_before_any_work_and_named_by_index(model, call
         call(model)
 
 
+def test_a_prompt_too_long_is_not_told_of_an_option_generate_batch_lacks(model):
+    with pytest.raises(ContextLengthError, match=r"^prompt 1: prompt of 250 tokens \+ 10 new tokens exceeds the "
+                                                 r"context of 256 \(n_positions\); shorten them$"):
+        generate_batch(model, [[1], [1] * 250], max_new_tokens=10)
+
+
 def test_the_pool_defaults_to_max_batch_size_whole_contexts(model):
-    requests, pool = requests_and_pool(model, [[1]], 4, None, max_batch_size=3)
+    requests, pool = requests_and_pool(model, [[1]] * 4, 4, None, max_batch_size=3)
     assert pool.n_pages * PAGE == 3 * model.config.n_positions
+
+
+@pytest.mark.parametrize("max_batch_size, kv_cache_tokens", [(10 ** 30, None), (4, 10 ** 30)])
+def test_the_pool_never_holds_more_than_a_whole_context_per_request(model, max_batch_size, kv_cache_tokens):
+    """A huge max_batch_size or kv_cache_tokens allocates no more than the requests can use."""
+    requests, pool = requests_and_pool(model, [[1]] * 2, 4, kv_cache_tokens, max_batch_size=max_batch_size)
+    assert pool.n_pages * PAGE == 2 * model.config.n_positions
 
 
 @pytest.mark.parametrize("stop", ["error", "interrupt", "close"])

@@ -84,7 +84,8 @@ def add_parser(sub) -> None:
                    help=f"decode at most B sequences together (default {DEFAULT_MAX_BATCH_SIZE})")
     p.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="T",
                    help="the pool of keys and values holds T positions, in pages of 16 (default: B whole "
-                        "contexts); when it runs short, sequences are preempted and recomputed exactly")
+                        "contexts; at most one per prompt); when it runs short, sequences are preempted and "
+                        "recomputed exactly")
     add_sampling_options(p)
     p.set_defaults(run=run)
 
@@ -139,6 +140,8 @@ def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list
 
 def read_lines(path: str, name: str) -> list[tuple[int, str]]:
     """INPUT's lines that are not blank, each with its number (from 1)."""
+    if path == "-" and sys.stdin is None:
+        raise UsageError("cannot read INPUT -: stdin is closed")
     try:
         data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as e:

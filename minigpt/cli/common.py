@@ -11,7 +11,7 @@ from ..errors import InputError
 from ..kernels import KERNELS
 from ..loading import load
 from ..model import Model
-from ..tokenizer import encode
+from ..tokenizer import encode, valid_text
 
 
 class UsageError(InputError):
@@ -75,8 +75,21 @@ def table(rows: list[list[str]], align: str) -> list[str]:
 
 
 def print_json(document: dict) -> None:
-    json.dump(document, sys.stdout, indent=2)
+    """`document` as JSON on stdout: ASCII (\\u escapes), so any stdout encoding carries it, and valid
+    Unicode, so any parser reads it (an argument's undecodable bytes are replaced, as in valid_text)."""
+    json.dump(valid_strings(document), sys.stdout, indent=2)
     print()
+
+
+def valid_strings(value):
+    """`value` (JSON-like: dicts, lists, strings, numbers) with every string made valid Unicode."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, dict):
+        return {valid_strings(key): valid_strings(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [valid_strings(item) for item in value]
+    return value
 
 
 def encode_prompt(model: Model, text: str) -> list[int]:

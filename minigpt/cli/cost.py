@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 
 from ..cost import ARCHITECTURES, DTYPE_BYTES, Cost, estimate
-from .common import positive_int, print_json, table
+from .common import checked, print_json, table
+
+token_count = checked(int, lambda v: 1 <= v <= 10 ** 15, "in 1..10**15")  # beyond any context; floats stay finite
 
 
 def add_parser(sub) -> None:
@@ -14,8 +16,8 @@ def add_parser(sub) -> None:
                                    "naive loop (P*N + N*(N-1)/2) and by the KV-cache loop (P + N - 1: the last "
                                    "new token is returned, never fed back), their approximate FLOPs, and the KV "
                                    "cache's size. See docs/staircase.md.")
-    p.add_argument("--prompt", type=positive_int, required=True, metavar="P", help="prompt length in tokens")
-    p.add_argument("--reply", type=positive_int, required=True, metavar="N", help="new tokens generated")
+    p.add_argument("--prompt", type=token_count, required=True, metavar="P", help="prompt length in tokens")
+    p.add_argument("--reply", type=token_count, required=True, metavar="N", help="new tokens generated")
     p.add_argument("--model", choices=list(ARCHITECTURES), default="gpt2", help="architecture (default: gpt2)")
     p.add_argument("--dtype", choices=list(DTYPE_BYTES), default=None,
                    help="KV-cache and weight dtype (default: float32 for GPT-2 as minigpt runs it, "
