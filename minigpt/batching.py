@@ -70,11 +70,7 @@ def new_pool(model: Model, requests: list[Request], max_batch_size: int, kv_cach
             raise InputError(f"prompt {i}: {len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
                              f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); the "
                              f"pool holds {n_pages * PAGE} (kv_cache_tokens)")
-    try:
-        return PagePool(model.config, n_pages)
-    except MemoryError:  # np.zeros maps lazily: only a pool beyond what the machine can map at all fails
-        raise InputError(f"a page pool of {n_pages * PAGE} positions (kv_cache_tokens, default max_batch_size "
-                         f"whole contexts) cannot be allocated: ask for fewer") from None
+    return PagePool(model.config, n_pages)
 
 
 def run(model: Model, requests: list[Request], pool: PagePool, max_batch_size: int,
