@@ -2,6 +2,8 @@
 
 Nothing is loaded or timed here; `minigpt.staircase` measures what this predicts. The counting
 rule, the FLOP formula and what it leaves out are in docs/staircase.md.
+
+Source: Inference Engineering (fanout.sh, inference-eng), lesson 03-01, "Why Autoregressive Generation Recomputes Work".
 """
 
 from __future__ import annotations
@@ -88,12 +90,12 @@ class Cost:
 
 
 def naive_tokens(prompt: int, reply: int) -> int:
-    """The lesson's count: step n = 0 .. N-1 feeds all P + n tokens so far (the last new one is never fed)."""
+    """Lesson 03-01's count: step n = 0 .. N-1 feeds all P + n tokens so far (the last new one is never fed)."""
     return prompt * reply + reply * (reply - 1) // 2
 
 
 def cached_tokens(prompt: int, reply: int) -> int:
-    """The lesson's count, P + N: it includes the last new token, which `minigpt.generate` never feeds."""
+    """Lesson 03-01's count, P + N: it includes the last new token, which `minigpt.generate` never feeds."""
     return prompt + reply
 
 

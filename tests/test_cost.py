@@ -1,4 +1,4 @@
-"""minigpt.cost: the lesson's figures come out of the arithmetic exactly, and the arithmetic matches the code."""
+"""minigpt.cost: lesson 03-01's figures come out of the arithmetic exactly, and the arithmetic matches the code."""
 
 from __future__ import annotations
 
