@@ -8,9 +8,15 @@
     results = minigpt.generate_batch(model, [ids, ids[:1]], max_new_tokens=20)   # together, each as if alone
     logprobs = minigpt.score(model, ids)             # log P(ids[i] | ids[:i]) for i >= 1
 
-The modules, bottom to top, are the chapters: errors, files, kernels, config, params, kv_cache, layers,
-paging, tokenizer, safetensors_format, checkpoint, model, loading, sampling, sequence, speculative,
-generate, scoring, batching, causal_proof, cost, staircase, cli.
+The modules are the chapters; read them in this order (the README's table and docs/README.md follow it):
+
+1. the model: config, layers (a linear map is x @ w.T + b, kernels.fast_linear), model, tokenizer;
+2. the loop: generate, sampling, sequence; what it costs: cost, staircase;
+3. the cache: kv_cache, and causal_proof, the proof that it is exact;
+4. new, exactness: kernels, the row-invariant EXACT kernels that make the proof hold bit for bit;
+5. the other fixes: batching, paging, speculative;
+6. scripted use: scoring, cli;
+7. loading and checking: loading, checkpoint, safetensors_format, params, errors, files.
 """
 
 import os
@@ -23,17 +29,18 @@ if sys.argv[:1] == ["-m"] and signal.getsignal(signal.SIGINT) is signal.default_
     # minigpt/__main__.py restores KeyboardInterrupt once they are loaded.
     signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
 
-from . import errors
-from .batching import generate_batch
 from .config import GPT2Config
-from .errors import MinigptError
-from .generate import generate, stream
-from .kv_cache import KVCache, new_cache
-from .loading import load
 from .model import Model, Trace, forward
-from .scoring import score
-from .sequence import GenerationResult, StreamedToken
 from .tokenizer import encode, gpt2_tokenizer
+from .generate import generate, stream
+from .sequence import GenerationResult, StreamedToken
+from .kv_cache import KVCache, new_cache
+from .batching import generate_batch
+from .scoring import score
+from .loading import load
+from . import errors
+from .errors import MinigptError
 
-__all__ = ["GPT2Config", "GenerationResult", "KVCache", "MinigptError", "Model", "StreamedToken", "Trace", "encode",
-           "errors", "forward", "generate", "generate_batch", "gpt2_tokenizer", "load", "new_cache", "score", "stream"]
+__all__ = ["GPT2Config", "Model", "Trace", "forward", "encode", "gpt2_tokenizer", "generate", "stream",
+           "GenerationResult", "StreamedToken", "KVCache", "new_cache", "generate_batch", "score", "load",
+           "errors", "MinigptError"]

@@ -14,6 +14,8 @@ recomputed from its tokens so far. With the exact kernels every row's arithmetic
 what else is in the forward, so a sequence's logits, and hence its tokens, are bitwise those it
 gets alone, whatever the batch, the order of arrival, the pool size or the preemptions
 (docs/paging.md).
+
+Source: Inference Engineering (fanout.sh, inference-eng): the second fix of "The Autoregressive Loop & Cost".
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Nothing is loaded or timed here; `minigpt.staircase` measures what this predicts. The counting
 rule, the FLOP formula and what it leaves out are in docs/staircase.md.
+
+Source: Inference Engineering (fanout.sh, inference-eng), lesson 03-01, "Why Autoregressive Generation Recomputes Work".
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def token_counts(prompt: int, reply: int) -> tuple[int, int]:
     """Tokens pushed through the model for P prompt tokens and N >= 1 new ones: (naive loop, KV-cache loop).
 
     Naive: step n = 0 .. N-1 feeds all P + n tokens so far, P*N + N(N-1)/2. Cached: the prompt once,
-    then every new token but the last, which is returned and never fed back, P + N - 1. The lesson
+    then every new token but the last, which is returned and never fed back, P + N - 1. Lesson 03-01
     counts P + N cached tokens (768 for 512 + 256): a loop that also feeds its last token.
     """
     return prompt * reply + reply * (reply - 1) // 2, prompt + reply - 1

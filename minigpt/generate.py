@@ -1,4 +1,4 @@
-"""Autoregressive generation, the two ways the lesson compares.
+"""Autoregressive generation, the two ways the lesson cited below compares.
 
 - The naive loop (`use_cache=False`): every step runs the forward over the whole sequence so far
   and keeps only the last row of logits. Step n pushes P + n tokens through the model.
@@ -8,6 +8,8 @@
 Both call the same `Model.forward`; only the lifetime of the cache differs. Speculative decoding
 (`speculate=`, minigpt.speculative) is the cached loop checking several guessed tokens per step,
 and `generate_batch` (minigpt.batching) runs many sequences' loops as one.
+
+Source: Inference Engineering (fanout.sh, inference-eng), "The Autoregressive Loop & Cost".
 """
 
 from __future__ import annotations

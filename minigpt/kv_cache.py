@@ -10,6 +10,9 @@ they grow.
 `length` says how many positions hold real keys and values. Every slot past it holds +0.0
 (fresh pages are zeroed, rolled-back positions are zeroed again), so that what the exact attention
 kernel reads in a padded last page is the same in every run (minigpt.kernels, point 4).
+
+Sources: Inference Engineering (fanout.sh, inference-eng): "The Autoregressive Loop & Cost" (the first fix)
+and lesson 03-01, "Why Autoregressive Generation Recomputes Work" (its price in memory).
 """
 
 from __future__ import annotations

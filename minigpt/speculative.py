@@ -26,6 +26,8 @@ The model's cache is cut back past the rejected drafts (KVCache.truncate zeroes 
 k adapts: it grows while all drafts are accepted, shrinks on a rejection down to 0 (plain steps),
 and after a run of plain steps a single draft is tried again, twice as long a run after each
 failed try, so that a drafter that is always wrong costs almost nothing.
+
+Source: Inference Engineering (fanout.sh, inference-eng): the third fix of "The Autoregressive Loop & Cost".
 """
 
 from __future__ import annotations

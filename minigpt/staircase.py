@@ -5,6 +5,8 @@ never stopping at <|endoftext|>, so both do exactly N steps. Without the cache s
 P + n positions and its time climbs; with it every step after the prefill does the same work.
 `minigpt.cost` gives the predicted ratio next to the measured one; docs/staircase.md explains
 why they differ.
+
+Source: Inference Engineering (fanout.sh, inference-eng), "The Autoregressive Loop & Cost": the cost staircase.
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ Sections (default: all, in this order), one module each in scripts/bench/:
 Everything a section compares is measured in the same run, side by side, and reported as ratios
 (timings on a shared machine are noisy; ratios measured together are not much). Measurements are
 repeated in interleaved rounds and the best kept: interference only ever adds time. Each section
-prints a markdown block: the machine, the load average, the results and its targets, met or missed.
-With --docs DIR each block replaces the one between its markers in its chapter (DIR/benchmarks.md,
-DIR/batching.md, ...), its targets the section's part of the summary in DIR/benchmarks.md, and its
-plots go to DIR/img/. Not part of the test suite.
+prints a markdown block: the machine, the load average and the results. With --docs DIR each block
+replaces the one between its markers in its chapter (DIR/benchmarks.md, DIR/batching.md, ...) and
+its plots go to DIR/img/. At the end of the run every section's targets, met or missed, are printed
+for the developers; they are never written into the docs. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from minigpt.errors import MinigptError  # noqa: E402
 from minigpt.staircase import require_matplotlib  # noqa: E402
 
 SECTIONS = {"decode": decode, "batching": batching, "paging": paging, "speculative": speculative}
-SUMMARY = "benchmarks.md"  # holds every section's targets, each between markers benchmark:targets:SECTION
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,17 +51,18 @@ def main(argv: list[str] | None = None) -> int:
             require_matplotlib()
         except MinigptError as e:
             parser.error(str(e))
+    summaries = []
     for name in [n for n in SECTIONS if n in (args.only or SECTIONS)]:
         section = SECTIONS[name]
         report, seconds = timed(section.run)
         log(f"{name}: {seconds:.0f} s")
         print(f"## {name}\n\n{report.block}\n", flush=True)
+        summaries.append(report.info.summary(section.TITLE, report.targets))
         if args.docs is not None:
             write_block(args.docs / section.DOC, section.BLOCK, report.block)
-            write_block(args.docs / SUMMARY, f"targets:{name}",
-                        report.info.summary(section.TITLE, section.DOC, report.targets))
             for file_name, plot in report.plots.items():
                 plot(args.docs / "img" / file_name)
+    print("## Targets\n\n" + "\n\n".join(summaries), flush=True)
     return 0
 
 

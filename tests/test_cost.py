@@ -1,4 +1,4 @@
-"""minigpt.cost: the lesson's figures come out of the arithmetic exactly, and the arithmetic matches the code."""
+"""minigpt.cost: lesson 03-01's figures come out of the arithmetic exactly, and the arithmetic matches the code."""
 
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def test_cli_text_for_a_tiny_request_shows_equal_work_and_the_counting_rule(caps
     assert main(["cost", "--prompt", "1", "--reply", "1"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"tokens through model +1 +1 +1x\n", out) and re.search(r"FLOPs \(approx.\) .* 1x\n", out)
-    assert "never fed back: P + N - 1" in out and "The lesson counts\n P + N = 2" in out
+    assert "never fed back: P + N - 1" in out and "Lesson 03-01 counts\n P + N = 2" in out
 
 
 def test_cli_table_columns_are_as_wide_as_their_widest_cell(capsys):

@@ -1,6 +1,6 @@
 """Parity with the reference implementation, Hugging Face transformers' GPT2LMHeadModel.
 
-Tolerance: every logit within 1e-4 x max|logit| of the reference's (issue 2), for the prompt and for
+Tolerance: every logit within 1e-4 x max|logit| of the reference's, for the prompt and for
 every greedy step, with and without the KV cache, with both kernel sets; greedy tokens identical.
 Both sides compute in float32 in different but equally valid orders (BLAS blockings, torch's fused
 kernels), so they differ by rounding alone: measured 5e-7 to 2.4e-6 of the logit scale on the small
@@ -90,7 +90,7 @@ def test_matches_committed_reference(directory, kernels, record_property):
 
 def test_committed_fixtures_cover_every_layout():
     """Between them the fixtures store F32, F16 and BF16, prefixed and bare names, the hub file's
-    mask buffers, a stored lm_head and a sharded index: every layout issue 2 lists."""
+    mask buffers, a stored lm_head and a sharded index: every layout minigpt.checkpoint accepts."""
     found = set()
     for directory in FIXTURE_DIRS:
         found.add("sharded" if (directory / INDEX_FILE).is_file() else "single file")

@@ -49,7 +49,7 @@ def report(c: Cost) -> str:
                      ["tokens through model", f"{c.naive_tokens:,}", f"{c.cached_tokens:,}", times(c.ratio)],
                      ["FLOPs (approx.)", si(c.naive_flops), si(c.cached_flops), times(c.flop_ratio)]], "<>>>"),
              "(naive: step n feeds all P + n tokens, P*N + N(N-1)/2; KV cache: the prompt once, then every",
-             " new token but the last, which is returned, never fed back: P + N - 1. The lesson counts",
+             " new token but the last, which is returned, never fed back: P + N - 1. Lesson 03-01 counts",
              f" P + N = {c.prompt + c.reply:,}, for a loop that also feeds its last token.)", "",
              f"KV cache: {c.kv_bytes_per_token:,} bytes per token ({binary(c.kv_bytes_per_token)}); "
              f"P + N - 1 = {c.cached_tokens:,} cached: {c.kv_bytes_total:,} bytes ({binary(c.kv_bytes_total)})",

@@ -3,6 +3,7 @@ models, transformers on the same weights, interleaved best-of rounds, and the ma
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import platform
@@ -17,7 +18,7 @@ import numpy as np
 
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cost import ARCHITECTURES, estimate
-from minigpt.kernels import FAST
+from minigpt.kernels import FAST, threads as blas_threads
 from minigpt.loading import load
 from minigpt.model import Model
 
@@ -62,15 +63,23 @@ def machine() -> dict[str, str]:
 
 
 def blas_info() -> dict[str, str]:
-    try:
-        import threadpoolctl
-    except ImportError:
-        return {"name": "BLAS", "version": "?", "architecture": "?", "threads": str(os.cpu_count())}
-    for pool in threadpoolctl.threadpool_info():
-        if pool["user_api"] == "blas":
-            return {"name": pool["internal_api"], "version": pool.get("version") or "?",
-                    "architecture": pool.get("architecture") or "?", "threads": str(pool["num_threads"])}
-    return {"name": "BLAS", "version": "?", "architecture": "?", "threads": str(os.cpu_count())}
+    """NumPy's BLAS as NumPy was built with it, the CPU kernels OpenBLAS chose at start-up (they depend
+    on the CPU and on OPENBLAS_CORETYPE, and decide the bits of every product) and its thread count."""
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    return {"name": blas.get("name", "BLAS"), "version": blas.get("version", "?"), "architecture": openblas_core(),
+            "threads": str(blas_threads())}
+
+
+def openblas_core() -> str:
+    """openblas_get_corename() of the OpenBLAS this process loaded (scipy-openblas prefixes its symbols), or "?"."""
+    maps = Path("/proc/self/maps")
+    for library in {p for p in maps.read_text().split() if "openblas" in p and ".so" in p} if maps.exists() else ():
+        for symbol in ("openblas_get_corename", "scipy_openblas_get_corename64_", "scipy_openblas_get_corename"):
+            corename = getattr(ctypes.CDLL(library), symbol, None)
+            if corename is not None:
+                corename.restype = ctypes.c_char_p
+                return corename().decode()
+    return "?"
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -265,15 +274,16 @@ class RunInfo:
                     f"{self.load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end"}
         return ["### Machine", "", "| | |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows.items()), ""]
 
-    def summary(self, title: str, doc: str, targets: list[Target]) -> str:
-        """The section's lines in docs/benchmarks.md's list of every target."""
-        return "\n".join([f"**[{title}]({doc})**, measured {self.date} (1-minute load {self.load_start:.2f} at "
-                          f"the start, {os.getloadavg()[0]:.2f} at the end):", "", *targets_table(targets)])
+    def summary(self, title: str, targets: list[Target]) -> str:
+        """The section's targets, met or missed, for the terminal at the end of a run (never the docs)."""
+        return "\n".join([f"{title}, measured {self.date} (1-minute load {self.load_start:.2f} at the start, "
+                          f"{os.getloadavg()[0]:.2f} at the end):", "", *targets_table(targets)])
 
 
 @dataclasses.dataclass
 class Report:
-    """A section's results: when and where, its markdown block, its targets and the plots it can draw."""
+    """A section's results: when and where, its markdown block for the docs, the targets it is checked
+    against (printed, not written into the docs) and the plots it can draw."""
 
     info: RunInfo
     block: str
