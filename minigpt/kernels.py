@@ -132,6 +132,7 @@ def _cut(segments: Segments, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def fast_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """x [T, n_in] @ weight.T [n_in, n_out] + bias -> [T, n_out]: picoGPT's `linear`, one gemm."""
     y = x @ weight.T  # [T, n_in] @ [n_in, n_out] -> [T, n_out], one BLAS call for all rows
     return y if bias is None else y + bias
 
@@ -144,12 +145,14 @@ def fast_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
         qs = q[:, part.rows]  # [H, T, hd]
         n_head, T, head_dim = qs.shape
         runs = _cut(part.segments, part.start + T)  # keys 0 .. start+T-1
-        # per run [H, T, hd] @ [H, hd, n], joined -> [H, T, start+T]
+        # pass 1: scores, per run [H, T, hd] @ [H, hd, n], joined -> [H, T, start+T]
         scores = np.concatenate([qs @ k.transpose(0, 2, 1) for k, _ in runs], axis=-1)
+        # pass 2: scale, hide the future, softmax along each row
         scores /= np.float32(math.sqrt(head_dim))
         w = _softmax_rows(_mask_future(scores, np.arange(part.start, part.start + T)))
+        # pass 3: weighted values, [H, T, n] @ [H, n, hd] per run, summed over the runs -> [H, T, hd]
         total, at = 0, 0
-        for _, v in runs:  # [H, T, n] @ [H, n, hd], summed over the runs -> [H, T, hd]
+        for _, v in runs:
             total = total + w[..., at:at + v.shape[1]] @ v
             at += v.shape[1]
         out[:, part.rows] = total
