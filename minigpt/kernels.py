@@ -139,7 +139,13 @@ def fast_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> n
 
 def fast_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
     """Causal attention as everyone writes it, one sequence at a time: all of a sequence's queries
-    against all its keys at once. Same contract as `exact_attention`."""
+    against all its keys at once, in three passes.
+
+    q [H, N, hd]: the query rows of every sequence in `parts`; part p's T rows are positions
+    start .. start+T-1 and attend to its keys 0 .. start+T-1. Returns (out [H, N, hd], weights):
+    with `record`, each part's weights [H, T, start + T], else Nones. `exact_attention` has the
+    same contract.
+    """
     out, weights = np.empty_like(q), []  # [H, N, hd]
     for part in parts:
         qs = q[:, part.rows]  # [H, T, hd]
@@ -226,7 +232,7 @@ def _blocked(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def _per_row(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
     """weight [n, n_in] (n a multiple of alignment()) times each row of x [T, n_in] -> [T, n] for few
-    rows: L3-sized blocks of weight rows (a GPT-2 layer's matrices are one block each), each block
+    rows: L3-sized blocks of weight rows (GPT-2 small's block matrices are one block each), each block
     times each row by one gemv that BLAS splits between its threads; the rows after the first read
     the block from cache."""
     n, n_in = weight.shape
