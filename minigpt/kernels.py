@@ -357,8 +357,9 @@ def exact_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
     q [H, N, hd]: the query rows of every sequence in `parts`. Returns (out [H, N, hd], weights):
     with `record`, each part's weights [H, T, start + T], else Nones. Query position t attends to
     keys 0 .. L(t)-1 with L(t) = PAGE * (t // PAGE + 1), whatever else is computed with it. Rows
-    go in groups of up to GROUP_ROW_PAGES rows x pages (a decode batch of short sequences together,
-    a prefill one page of positions at a time), each group in four passes (`_attend`).
+    go in groups of up to GROUP_ROW_PAGES rows x pages (a decode batch of short sequences in one
+    group; a long prefill, past its first pages, one page of positions per group), each group in
+    four passes (`_attend`: scores, softmax, values page by page, pages added).
     """
     q = np.ascontiguousarray(q)
     out = np.empty_like(q)  # [H, N, hd]
@@ -366,8 +367,10 @@ def exact_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
                                np.float32) for p in parts} if record else {}
     for units in _groups(parts):
         w = _attend(q, units, out)  # [H, G, L]
-        g = 0
-        for u in units if record else ():
+        if not record:
+            continue
+        g = 0  # the unit's first row in w
+        for u in units:  # each unit's rows of w into its part's [H, T, start + T]
             n = u.rows.stop - u.rows.start
             full = weights[id(u.part)]  # [H, T, start + T]
             n_keys = min(w.shape[-1], full.shape[-1])
