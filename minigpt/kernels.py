@@ -74,6 +74,8 @@ GROUP_ROW_PAGES = 64  # query rows x pages attended together: a decode batch of 
 # A sequence's keys and values as contiguous runs of pages, in position order: [(k, v), ...],
 # each [n_head, n, head_dim] with n a multiple of PAGE (minigpt.kv_cache.KVCache.segments).
 Segments = Sequence[tuple[np.ndarray, np.ndarray]]
+# What an attention kernel returns: out [H, N, hd], and per sequence its weights [H, T, start + T] or None.
+Attended = tuple[np.ndarray, list[np.ndarray | None]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,7 +97,7 @@ class Kernels:
 
     name: str
     linear: Callable[[np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
-    attention: Callable[[np.ndarray, list[Queries], bool], tuple[np.ndarray, list[np.ndarray | None]]]
+    attention: Callable[[np.ndarray, list[Queries], bool], Attended]
 
 
 def _softmax_rows(scores: np.ndarray) -> np.ndarray:
@@ -137,7 +139,7 @@ def fast_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> n
     return y if bias is None else y + bias
 
 
-def fast_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
+def fast_attention(q: np.ndarray, parts: list[Queries], record: bool = False) -> Attended:
     """Causal attention as everyone writes it, one sequence at a time: all of a sequence's queries
     against all its keys at once, in three passes.
 
@@ -351,7 +353,7 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     return weights
 
 
-def exact_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
+def exact_attention(q: np.ndarray, parts: list[Queries], record: bool = False) -> Attended:
     """Causal attention, each row bitwise independent of every other row and of the cache's layout.
 
     q [H, N, hd]: the query rows of every sequence in `parts`. Returns (out [H, N, hd], weights):
