@@ -10,13 +10,13 @@
 
 The modules are the chapters; read them in this order (the README's table and docs/README.md follow it):
 
-1. the model: config, layers (a linear map is x @ w.T + b, kernels.fast_linear), model, tokenizer;
+1. the model: config, params, layers (a linear map is x @ w.T + b, kernels.fast_linear), model, tokenizer;
 2. the loop: generate, sampling, sequence; what it costs: cost, staircase;
 3. the cache: kv_cache, and causal_proof, the proof that it is exact;
 4. new, exactness: kernels, the row-invariant EXACT kernels that make the proof hold bit for bit;
 5. the other fixes: batching, paging, speculative;
 6. scripted use: scoring, cli;
-7. loading and checking: loading, checkpoint, safetensors_format, params, errors, files.
+7. loading and checking: loading, checkpoint, safetensors_format, errors, files.
 """
 
 import os

@@ -19,11 +19,11 @@ from .config import GPT2Config
 from .cost import token_counts
 from .errors import check_int
 from .generate import Step, steps
-from .sequence import Sequence, make_request, prepare_prompt
 from .kernels import FAST
 from .kv_cache import KVCache
 from .layers import merge_heads
 from .model import Model, Trace
+from .sequence import Sequence, make_request, prepare_prompt
 
 # The four checks, numbered 1 to 4 in docs/exactness.md, and the verdict columns of a Row: the three
 # quantities of check 1, then checks 2 to 4.

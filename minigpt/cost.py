@@ -44,7 +44,7 @@ class Architecture:
 
 
 def gpt2_architecture(name: str, config: GPT2Config) -> Architecture:
-    """GPT-2 in minigpt: attention c_attn [C, 3C] + c_proj [C, C], MLP [C, 4C] + [4C, C], tied LM head."""
+    """GPT-2: per block c_attn (C -> 3C), c_proj (C -> C) and the MLP (C -> 4C -> C), 12 C*C weights; tied LM head."""
     C = config.n_embd
     return Architecture(name, config.n_layer, C, config.n_head, config.n_head, config.head_dim,
                         block_params=12 * C * C, vocab_size=config.vocab_size,

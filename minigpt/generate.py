@@ -1,4 +1,4 @@
-"""Autoregressive generation, the two ways the lesson cited below compares.
+"""Autoregressive generation, the two ways "The Autoregressive Loop & Cost" compares (source below).
 
 - The naive loop (`use_cache=False`): every step runs the forward over the whole sequence so far
   and keeps only the last row of logits. Step n pushes P + n tokens through the model.

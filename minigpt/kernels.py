@@ -74,6 +74,8 @@ GROUP_ROW_PAGES = 64  # query rows x pages attended together: a decode batch of 
 # A sequence's keys and values as contiguous runs of pages, in position order: [(k, v), ...],
 # each [n_head, n, head_dim] with n a multiple of PAGE (minigpt.kv_cache.KVCache.segments).
 Segments = Sequence[tuple[np.ndarray, np.ndarray]]
+# What an attention kernel returns: out [H, N, hd], and per sequence its weights [H, T, start + T] or None.
+Attended = tuple[np.ndarray, list[np.ndarray | None]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,7 +97,7 @@ class Kernels:
 
     name: str
     linear: Callable[[np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
-    attention: Callable[[np.ndarray, list[Queries], bool], tuple[np.ndarray, list[np.ndarray | None]]]
+    attention: Callable[[np.ndarray, list[Queries], bool], Attended]
 
 
 def _softmax_rows(scores: np.ndarray) -> np.ndarray:
@@ -137,9 +139,15 @@ def fast_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> n
     return y if bias is None else y + bias
 
 
-def fast_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
+def fast_attention(q: np.ndarray, parts: list[Queries], record: bool = False) -> Attended:
     """Causal attention as everyone writes it, one sequence at a time: all of a sequence's queries
-    against all its keys at once. Same contract as `exact_attention`."""
+    against all its keys at once, in three passes.
+
+    q [H, N, hd]: the query rows of every sequence in `parts`; part p's T rows are positions
+    start .. start+T-1 and attend to its keys 0 .. start+T-1. Returns (out [H, N, hd], weights):
+    with `record`, each part's weights [H, T, start + T], else Nones. `exact_attention` has the
+    same contract.
+    """
     out, weights = np.empty_like(q), []  # [H, N, hd]
     for part in parts:
         qs = q[:, part.rows]  # [H, T, hd]
@@ -226,7 +234,7 @@ def _blocked(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def _per_row(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
     """weight [n, n_in] (n a multiple of alignment()) times each row of x [T, n_in] -> [T, n] for few
-    rows: L3-sized blocks of weight rows (a GPT-2 layer's matrices are one block each), each block
+    rows: L3-sized blocks of weight rows (GPT-2 small's block matrices are one block each), each block
     times each row by one gemv that BLAS splits between its threads; the rows after the first read
     the block from cache."""
     n, n_in = weight.shape
@@ -345,14 +353,15 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     return weights
 
 
-def exact_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
+def exact_attention(q: np.ndarray, parts: list[Queries], record: bool = False) -> Attended:
     """Causal attention, each row bitwise independent of every other row and of the cache's layout.
 
     q [H, N, hd]: the query rows of every sequence in `parts`. Returns (out [H, N, hd], weights):
     with `record`, each part's weights [H, T, start + T], else Nones. Query position t attends to
     keys 0 .. L(t)-1 with L(t) = PAGE * (t // PAGE + 1), whatever else is computed with it. Rows
-    go in groups of up to GROUP_ROW_PAGES rows x pages (a decode batch of short sequences together,
-    a prefill one page of positions at a time), each group in four passes (`_attend`).
+    go in groups of up to GROUP_ROW_PAGES rows x pages (a decode batch of short sequences in one
+    group; a long prefill, past its first pages, one page of positions per group), each group in
+    four passes (`_attend`: scores, softmax, values page by page, pages added).
     """
     q = np.ascontiguousarray(q)
     out = np.empty_like(q)  # [H, N, hd]
@@ -360,8 +369,10 @@ def exact_attention(q: np.ndarray, parts: list[Queries], record: bool = False):
                                np.float32) for p in parts} if record else {}
     for units in _groups(parts):
         w = _attend(q, units, out)  # [H, G, L]
-        g = 0
-        for u in units if record else ():
+        if not record:
+            continue
+        g = 0  # the unit's first row in w
+        for u in units:  # each unit's rows of w into its part's [H, T, start + T]
             n = u.rows.stop - u.rows.start
             full = weights[id(u.part)]  # [H, T, start + T]
             n_keys = min(w.shape[-1], full.shape[-1])

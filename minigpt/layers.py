@@ -5,6 +5,10 @@ The N rows may belong to several sequences (a batch): everything but attention t
 on its own; attention keeps each sequence to its own keys and values (a `Span` per sequence).
 Order-sensitive products go through a `Kernels` set (minigpt.kernels), so that the same code runs
 with batch-invariant or with plain BLAS arithmetic.
+
+On a first reading, take `kernels.linear` as x @ w.T + b (kernels.fast_linear, picoGPT's `linear`)
+and `kernels.attention` as a masked softmax over each sequence's keys (kernels.fast_attention);
+the cache that a `Span` writes into comes with minigpt.kv_cache, the exact kernels after it.
 """
 
 from __future__ import annotations

@@ -39,67 +39,6 @@ class Trace:
     attention: list[np.ndarray] = field(default_factory=list)
 
 
-def check_ids(ids, vocab_size: int) -> np.ndarray:
-    """Token ids as a 1-D int64 array, or InputError naming the first offending id.
-
-    Only integers are ids: floats (even 2.0), bools and strings are refused, never cast.
-    """
-    if isinstance(ids, (str, bytes)):
-        raise InputError(f"token ids must be integers, got the text {reprlib.repr(ids)}; encode it first "
-                         "(minigpt.encode)")
-    arr = np.array(ids, dtype=object)  # element by element, whatever the sequence holds
-    if arr.ndim != 1:
-        raise InputError(f"token ids must be a 1-D sequence, got {type(ids).__name__} of shape {arr.shape}")
-    for i, t in enumerate(arr.tolist()):
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-            raise InputError(f"token id at index {i} is {t!r}, not an integer")
-        if not 0 <= t < vocab_size:
-            raise InputError(f"token id {t} at index {i} is outside [0, {vocab_size})")
-    return arr.astype(np.int64)
-
-
-def check_room(config: GPT2Config, cache: KVCache, T: int) -> None:
-    """ContextLengthError unless T new positions fit after the cached ones."""
-    start = cache.length
-    if start + T > min(config.n_positions, cache.capacity):
-        limit = (f"the context of {config.n_positions} (n_positions)" if cache.capacity >= config.n_positions
-                 else f"the cache's capacity of {cache.capacity}")
-        raise ContextLengthError(f"{start} cached + {T} new positions exceed {limit}")
-
-
-def check_cache(config: GPT2Config, cache) -> KVCache:
-    """`cache` if it fits this model; else InputError naming what does not fit.
-
-    A cache made by a model of other shapes would fail inside NumPy or, with only the layer count
-    different, be silently accepted: its keys and values are not this model's.
-    """
-    if not isinstance(cache, KVCache):
-        raise InputError(f"cache must be a KVCache (model.new_cache()), got {type(cache).__name__}")
-    store = {"k": cache.k, "v": cache.v}
-    for name, a in store.items():
-        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 4 or a.shape[2] % PAGE:
-            raise InputError(f"the cache's {name} store must be a float32 array [n_layer, n_head, slots, "
-                             f"head_dim] of whole pages of {PAGE}, got {type(a).__name__} "
-                             f"{getattr(a, 'dtype', '')} {np.shape(a)}")
-    n_layer, n_head, slots, head_dim = cache.k.shape
-    if cache.v.shape != cache.k.shape:
-        raise InputError(f"the cache's k and v stores differ in shape: {cache.k.shape} and {cache.v.shape}")
-    made = {"n_layer": n_layer, "n_head": n_head, "head_dim": head_dim}
-    wanted = {"n_layer": config.n_layer, "n_head": config.n_head, "head_dim": config.head_dim}
-    if made != wanted:
-        differ = ", ".join(f"{k} {made[k]} (this model: {wanted[k]})" for k in made if made[k] != wanted[k])
-        raise InputError(f"the cache was made for another model: its {differ}")
-    if cache.capacity > pages_for(config.n_positions) * PAGE:
-        raise InputError(f"the cache holds {cache.capacity} positions, beyond this model's context of "
-                         f"{config.n_positions} (n_positions): it was made for another model")
-    if not all(isinstance(p, (int, np.integer)) and 0 <= p < slots // PAGE for p in cache.pages):
-        raise InputError(f"the cache's page table {cache.pages} points outside its store of {slots // PAGE} pages")
-    if isinstance(cache.length, bool) or not isinstance(cache.length, (int, np.integer)) \
-            or not 0 <= cache.length <= cache.capacity:
-        raise InputError(f"the cache's length {cache.length!r} is not in 0..{cache.capacity} (its capacity)")
-    return cache
-
-
 def forward(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids, cache: KVCache | None = None,
             *, logits_to_keep: int = 0, trace: Trace | None = None) -> np.ndarray:
     """Logits for the positions of `ids`, continuing after the `cache.length` cached positions.
@@ -189,6 +128,70 @@ def first_non_finite(params: GPT2Params, config: GPT2Config, kernels: Kernels, i
              "the final LayerNorm (ln_f)"]
     return next((name for name, x in zip(names, trace.hidden) if not np.isfinite(x).all()),
                 "the LM head (the logits, wte)")
+
+
+# ------------------------------------------------------- checking what a forward is given
+
+
+def check_ids(ids, vocab_size: int) -> np.ndarray:
+    """Token ids as a 1-D int64 array, or InputError naming the first offending id.
+
+    Only integers are ids: floats (even 2.0), bools and strings are refused, never cast.
+    """
+    if isinstance(ids, (str, bytes)):
+        raise InputError(f"token ids must be integers, got the text {reprlib.repr(ids)}; encode it first "
+                         "(minigpt.encode)")
+    arr = np.array(ids, dtype=object)  # element by element, whatever the sequence holds
+    if arr.ndim != 1:
+        raise InputError(f"token ids must be a 1-D sequence, got {type(ids).__name__} of shape {arr.shape}")
+    for i, t in enumerate(arr.tolist()):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise InputError(f"token id at index {i} is {t!r}, not an integer")
+        if not 0 <= t < vocab_size:
+            raise InputError(f"token id {t} at index {i} is outside [0, {vocab_size})")
+    return arr.astype(np.int64)
+
+
+def check_room(config: GPT2Config, cache: KVCache, T: int) -> None:
+    """ContextLengthError unless T new positions fit after the cached ones."""
+    start = cache.length
+    if start + T > min(config.n_positions, cache.capacity):
+        limit = (f"the context of {config.n_positions} (n_positions)" if cache.capacity >= config.n_positions
+                 else f"the cache's capacity of {cache.capacity}")
+        raise ContextLengthError(f"{start} cached + {T} new positions exceed {limit}")
+
+
+def check_cache(config: GPT2Config, cache) -> KVCache:
+    """`cache` if it fits this model; else InputError naming what does not fit.
+
+    A cache made by a model of other shapes would fail inside NumPy or, with only the layer count
+    different, be silently accepted: its keys and values are not this model's.
+    """
+    if not isinstance(cache, KVCache):
+        raise InputError(f"cache must be a KVCache (model.new_cache()), got {type(cache).__name__}")
+    store = {"k": cache.k, "v": cache.v}
+    for name, a in store.items():
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 4 or a.shape[2] % PAGE:
+            raise InputError(f"the cache's {name} store must be a float32 array [n_layer, n_head, slots, "
+                             f"head_dim] of whole pages of {PAGE}, got {type(a).__name__} "
+                             f"{getattr(a, 'dtype', '')} {np.shape(a)}")
+    n_layer, n_head, slots, head_dim = cache.k.shape
+    if cache.v.shape != cache.k.shape:
+        raise InputError(f"the cache's k and v stores differ in shape: {cache.k.shape} and {cache.v.shape}")
+    made = {"n_layer": n_layer, "n_head": n_head, "head_dim": head_dim}
+    wanted = {"n_layer": config.n_layer, "n_head": config.n_head, "head_dim": config.head_dim}
+    if made != wanted:
+        differ = ", ".join(f"{k} {made[k]} (this model: {wanted[k]})" for k in made if made[k] != wanted[k])
+        raise InputError(f"the cache was made for another model: its {differ}")
+    if cache.capacity > pages_for(config.n_positions) * PAGE:
+        raise InputError(f"the cache holds {cache.capacity} positions, beyond this model's context of "
+                         f"{config.n_positions} (n_positions): it was made for another model")
+    if not all(isinstance(p, (int, np.integer)) and 0 <= p < slots // PAGE for p in cache.pages):
+        raise InputError(f"the cache's page table {cache.pages} points outside its store of {slots // PAGE} pages")
+    if isinstance(cache.length, bool) or not isinstance(cache.length, (int, np.integer)) \
+            or not 0 <= cache.length <= cache.capacity:
+        raise InputError(f"the cache's length {cache.length!r} is not in 0..{cache.capacity} (its capacity)")
+    return cache
 
 
 @dataclass(frozen=True, eq=False)

@@ -83,7 +83,8 @@ def token_log_prob(logits: np.ndarray, token: int) -> float:
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """float64 log-probabilities [vocab] of the model's raw distribution (no temperature, top-k or
-    top-p): the numbers `generate` reports and `score` computes, both by this function."""
+    top-p): what `top_logprobs` ranks. Entry t is bitwise `token_log_prob(logits, t)`, the function
+    `generate` and `score` use for one token."""
     return logits.astype(np.float64) - log_normalizer(logits)
 
 

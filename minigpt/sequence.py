@@ -24,6 +24,7 @@ from .errors import ContextLengthError, InputError, check_int
 from .model import Model, check_ids
 from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
 
+
 @dataclass(frozen=True)
 class Request:
     """A generation request, checked: the prompt as fed and every option."""

@@ -21,8 +21,8 @@ import numpy as np
 from .cost import Cost, estimate, gpt2_architecture
 from .errors import ContextLengthError, InputError, MinigptError, check_int
 from .generate import generate
-from .sequence import prepare_prompt
 from .model import Model
+from .sequence import prepare_prompt
 
 OnStep = Callable[[str, int, float], None]  # (mode, tokens so far, that token's seconds)
 MODES = ("naive", "cached")

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import minigpt.kernels
 from minigpt.causal_proof import COLUMNS, compare, prove
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
@@ -103,9 +102,26 @@ def test_proof_fails_where_a_kernel_depends_on_how_many_rows_it_is_given(tiny_mo
     assert "result: FAILS with the batch-dependent kernels" in rendered(proof)
 
 
-def test_proof_fails_where_the_mask_leaks(tiny_model, monkeypatch):
-    monkeypatch.setattr(minigpt.kernels, "_mask_future", lambda scores, positions: scores)
-    proof = prove(tiny_model, PROMPT, 3)
+def unmasked_attention(q, parts, record=False):
+    """Attention without the causal mask (the kernel contract of minigpt.kernels.Kernels): every
+    query row sees all the keys of its forward, the later ones included."""
+    out, weights = np.empty_like(q), []  # [H, N, hd]
+    for part in parts:
+        qs = q[:, part.rows]  # [H, T, hd]
+        n = part.start + qs.shape[1]
+        k = np.concatenate([k for k, _ in part.segments], axis=1)[:, :n]  # [H, n, hd]
+        v = np.concatenate([v for _, v in part.segments], axis=1)[:, :n]
+        scores = qs @ k.transpose(0, 2, 1) / np.float32(np.sqrt(qs.shape[2]))  # [H, T, n]
+        w = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        w /= w.sum(axis=-1, keepdims=True)
+        out[:, part.rows] = w @ v
+        weights.append(w if record else None)
+    return out, weights
+
+
+def test_proof_fails_where_the_mask_leaks(tiny_model):
+    model = dataclasses.replace(tiny_model, kernels=Kernels("unmasked", EXACT.linear, unmasked_attention))
+    proof = prove(model, PROMPT, 3)
     assert not proof.holds
     assert proof.rows[1].verdicts["masked"] is False and proof.rows[2].verdicts["causal"] is False
 

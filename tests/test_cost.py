@@ -25,7 +25,7 @@ STAIRCASE_MD = Path(__file__).resolve().parents[1] / "docs" / "staircase.md"
 
 
 def test_lesson_512_plus_256_is_163712_naive_tokens_against_our_767_and_the_lessons_768():
-    """The lesson's 768 = P + N counts a loop that also feeds its last token; minigpt's feeds P + N - 1."""
+    """Lesson 03-01's 768 = P + N counts a loop that also feeds its last token; minigpt's feeds P + N - 1."""
     c = estimate(GPT2, 512, 256)
     assert (c.naive_tokens, c.cached_tokens, c.prompt + c.reply) == (163_712, 767, 768)
     assert round(c.ratio) == 213 == round(163_712 / 768)
@@ -34,7 +34,7 @@ def test_lesson_512_plus_256_is_163712_naive_tokens_against_our_767_and_the_less
 @pytest.mark.parametrize("prompt, reply, naive, cached, ratio", [(2048, 512, 1_179_392, 2_559, 461),
                                                                   (8192, 1024, 8_912_384, 9_215, 967)])
 def test_lesson_longer_requests_ratios(prompt, reply, naive, cached, ratio):
-    """2,048 + 512 gives 461x; 8,192 + 1,024 gives 967x, the lesson's "almost 1,000x" (P + N: the same)."""
+    """2,048 + 512 gives 461x; 8,192 + 1,024 gives 967x, lesson 03-01's "almost 1,000x" (P + N: the same)."""
     c = estimate(GPT2, prompt, reply)
     assert (c.naive_tokens, c.cached_tokens, round(c.ratio)) == (naive, cached, ratio)
     assert round(naive / (prompt + reply)) == ratio
@@ -153,7 +153,7 @@ def test_cli_json_has_the_counts_and_kv_figures(capsys):
 
 def test_cli_text_for_512_plus_256_is_what_docs_staircase_md_quotes(capsys):
     """The page's cost block, verbatim: FLOPs 29.8 T vs 161 G (185x), 494,128,128 bytes of weights,
-    56,549,376 bytes (53.93 MiB) of cache, the lesson's 768 beside our 767; a change to the output or
+    56,549,376 bytes (53.93 MiB) of cache, lesson 03-01's 768 beside our 767; a change to the output or
     the arithmetic must update the page."""
     assert main(["cost", "--prompt", "512", "--reply", "256"]) == 0
     out = capsys.readouterr().out
