@@ -187,6 +187,7 @@ BAD_LINES = [
     ('{"prompt_ids": [1], "id": NaN}', [], '"id" must be a string, finite number, boolean or null, got nan'),
     ('{"prompt_ids": [1], "id": -Infinity}', [], '"id" must be a string, finite number, boolean or null, got -inf'),
     ('{"prompt_ids": [1], "prompt_ids": [2]}', [], "invalid JSON: key 'prompt_ids' appears twice in one object"),
+    ('{"prompt": "a\x00b"}', [], "invalid JSON: Invalid control character at column 14\n"),
     ('{"prompt_ids": [1], "stop": [{"a": 1, "a": 2}]}', [], "invalid JSON: key 'a' appears twice in one object"),
     ('{"prompt_ids": ' + "[" * 100_000 + "]" * 100_000 + "}", [], "invalid JSON: nested too deeply"),
     ('{"prompt_ids": [1], "seed": ' + "7" * 5000 + "}", [], "invalid JSON: Exceeds the limit (4300 digits)"),

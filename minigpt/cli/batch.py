@@ -164,7 +164,7 @@ def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos
     try:
         line = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
-        raise InputError(f"invalid JSON: {e.msg} at column {e.colno}") from None
+        raise InputError(f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}") from None
     except ValueError as e:  # a key twice in one object; an integer of more than 4,300 digits
         raise InputError(f"invalid JSON: {str(e).split(';')[0]}") from None  # not Python's advice on its limit
     except RecursionError:
