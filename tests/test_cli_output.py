@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_api_errors import make_checkpoint
 from test_cli_errors import REPO, assert_error, cli, environment
 
 from minigpt.cli import main
@@ -218,6 +219,17 @@ def test_a_plot_target_that_is_no_file_is_a_usage_error_before_the_model_is_load
     make(tmp_path / "plot.png")
     assert_error(cli(capsys, "--model", "no-such-model", "--plot", str(tmp_path / "plot.png"), command="staircase"),
                  ["argument --plot", what], exit_code=2)
+
+
+@pytest.mark.parametrize("name", ["m$\\frac{$", "m\udcff"], ids=["dollars", "undecodable-byte"])
+def test_a_model_path_in_the_plot_title_is_plain_text(capsys, tmp_path, name):
+    """matplotlib would parse "$...$" as mathtext, and fail on a lone surrogate, after the measurement."""
+    pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    directory = make_checkpoint(tmp_path / name)
+    code, out, err = cli(capsys, "--model", str(directory), "--new-tokens", "2", "--plot", str(tmp_path / "p.svg"),
+                         command="staircase")
+    assert code == 0 and "Traceback" not in err, err
+    assert (tmp_path / "p.svg").read_text().count("<svg") == 1
 
 
 def test_a_read_only_plot_directory_is_a_usage_error(capsys, monkeypatch, tmp_path):
