@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 from .errors import InputError, MinigptError, check_int
 from .kernels import PAGE
 from .kv_cache import pages_for
-from .model import Model
+from .model import Model, check_model
 from .paging import PagePool
 from .sequence import TRUNCATE_HINT, GenerationResult, Request, make_request, new_sequence
 
@@ -38,6 +38,7 @@ def make_requests(model: Model, prompts, options: dict) -> list[Request]:
     """One checked Request per prompt. Each option is one value for all prompts or a list with one
     value per prompt (`stop`: a list of strings for all, or a list of such lists). A bad request
     is named by its index, before any work."""
+    check_model(model)
     if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
         raise InputError("prompts must be a list of token-id lists")
     per_prompt = {}

@@ -25,7 +25,7 @@ import numpy as np
 from .config import GPT2Config, config_from_dict, config_to_dict
 from .errors import CheckpointError, UnsafeCheckpointError
 from .files import is_file, kind, list_directory
-from .params import GPT2Params, expected_shapes, params_from_tensors, params_to_tensors
+from .params import BLOCK_TENSORS, GPT2Params, expected_shapes, params_from_tensors, params_to_tensors
 from .safetensors_format import (
     ENCODINGS, ITEMSIZE, TensorInfo, atomic_write, read_header, read_safetensors, unique_keys, write_safetensors,
 )
@@ -164,14 +164,19 @@ def _check_present(shapes: dict[str, tuple[int, ...]], stored: dict[str, _Stored
 
 
 def _check_layer_count(config: GPT2Config, stored: dict[str, _StoredTensor], directory: Path) -> None:
-    """config.json's n_layer is no more than the layers the weights hold (h.0, h.1, ...), so that a
-    config claiming a billion layers costs nothing in proportion before it is refused."""
+    """config.json's n_layer is no more than the layers the weights hold (h.0, h.1, ...), and its
+    GPT-2's tensors are not mostly missing, so that a config claiming a billion layers costs nothing
+    in proportion before it is refused, nor one backed by a header of a million one-tensor layers."""
     layers = {name.split(".")[1] for name in stored if name.startswith("h.")}
     if config.n_layer > len(layers):
         names = ", ".join(repr(name) for name in list(stored)[:5]) or "none"
         raise CheckpointError(f"{directory}: config.json says n_layer {config.n_layer}, but the weights hold "
                               f"{len(layers)} layer(s) (h.0, h.1, ...)" + ("" if layers else
                               f": not GPT-2's tensors (the first of {len(stored)}: {names})"))
+    needed = 4 + BLOCK_TENSORS * config.n_layer  # wte, wpe, ln_f's two and each block's
+    if needed > 2 * len(stored):  # a few missing are named one by one (_check_present)
+        raise CheckpointError(f"{directory}: config.json says n_layer {config.n_layer}, for which GPT-2 has "
+                              f"{needed} tensors, but the weights hold {len(stored)}")
 
 
 def _check_nothing_left_over(config: GPT2Config, shapes: dict[str, tuple[int, ...]],

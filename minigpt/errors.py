@@ -6,6 +6,8 @@ escaping is a bug in minigpt, not a user's mistake.
 
 import numbers
 
+import numpy as np
+
 
 class MinigptError(Exception):
     """Base class: the message names the problem and, where it can, what to do."""
@@ -52,3 +54,10 @@ def check_int(value: object, name: str, minimum: int, error: type[MinigptError] 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise error(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
+
+
+def check_bool(value: object, name: str) -> bool:
+    """`value` if it is True or False (Python or NumPy); else InputError: a string such as "no" would be true."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputError(f"{name} must be True or False, got {value!r}")
+    return bool(value)

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, check_bool
 from .kv_cache import KVCache
 from .model import Model, Trace
 from .sequence import GenerationResult, Sequence, StreamedToken, make_request, new_sequence
@@ -67,6 +67,7 @@ def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, *, use_cac
                            seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs,
                            truncate_prompt=truncate_prompt)
     seq = new_sequence(model, request)
+    use_cache = check_bool(use_cache, "use_cache")
     if speculate is None:
         return seq, steps(model, seq, use_cache=use_cache)
     if not use_cache:
@@ -90,6 +91,8 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     on_step(tokens so far, that token's seconds) is called after each token (a progress bar); its
     own time is not counted in the next token's.
     """
+    if on_step is not None and not callable(on_step):
+        raise InputError(f"on_step must be a function or None, got {type(on_step).__name__}")
     seq, loop = sequence_and_steps(
         model, prompt_ids, max_new_tokens, use_cache=use_cache, temperature=temperature, top_k=top_k, top_p=top_p,
         seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs, truncate_prompt=truncate_prompt,

@@ -96,6 +96,9 @@ def new_store(config: GPT2Config, n_pages: int) -> tuple[np.ndarray, np.ndarray]
 def new_cache(config: GPT2Config, capacity: int | None = None) -> KVCache:
     """An empty cache with a store of its own for `capacity` positions, 1 .. n_positions (default: the
     whole context), rounded up to whole pages."""
+    if not isinstance(config, GPT2Config):
+        raise InputError(f"new_cache takes the model's GPT2Config (model.config), got {type(config).__name__}; "
+                         "or call model.new_cache(capacity)")
     capacity = config.n_positions if capacity is None else check_int(capacity, "capacity", 1)
     if capacity > config.n_positions:
         raise InputError(f"capacity must be at most the model's context of {config.n_positions} positions "

@@ -9,6 +9,7 @@ bit with the default (exact) kernels.
 
 from __future__ import annotations
 
+import os
 import reprlib
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,7 +22,7 @@ from .errors import ContextLengthError, InputError, NumericalError, check_int
 from .kernels import EXACT, PAGE, Kernels
 from .kv_cache import KVCache, new_cache, pages_for
 from .layers import Span, block, layer_norm
-from .params import GPT2Params
+from .params import GPT2Params, check_params
 
 if TYPE_CHECKING:  # the model never tokenizes; it only carries the loader
     from tiktoken import Encoding
@@ -59,12 +60,18 @@ def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_
     all of them, docs/batching.md); each attends only to its own keys and values. Returns each
     sequence's logits, as `forward` would (None for a cache: a throwaway cache sized to its ids).
     Logits that are not finite raise a NumericalError naming the first layer that overflowed;
-    the caches are then left as they were.
+    the caches are then left as they were, as after any interruption (Ctrl-C) mid-forward.
     """
+    check_parts(params, config, kernels)
+    if not isinstance(ids_list, (list, tuple)) or not isinstance(caches, (list, tuple)):
+        raise InputError(f"forward_batch takes a list of id sequences and a list of caches, got "
+                         f"{type(ids_list).__name__} and {type(caches).__name__}")
     if len(ids_list) != len(caches):
         raise InputError(f"forward_batch got {len(ids_list)} id sequences and {len(caches)} caches")
-    if trace is not None and len(ids_list) != 1:
-        raise InputError("a trace records one sequence's forward")
+    if trace is not None and (not isinstance(trace, Trace) or len(ids_list) != 1):
+        raise InputError(f"a trace is a Trace and records one sequence's forward, got {type(trace).__name__}")
+    if len({id(cache) for cache in caches if cache is not None}) < sum(cache is not None for cache in caches):
+        raise InputError("forward_batch got the same cache for two sequences: each needs its own")
     logits_to_keep = check_int(logits_to_keep, "logits_to_keep", 0)
     ids_list = [check_ids(ids, config.vocab_size) for ids in ids_list]
     spans, row = [], 0
@@ -78,20 +85,23 @@ def forward_batch(params: GPT2Params, config: GPT2Config, kernels: Kernels, ids_
         spans.append(Span(slice(row, row + T), cache, start, cache.slots(start, start + T), cache.runs(start + T)))
         row += T
     sizes = [s.rows.stop - s.rows.start for s in spans]  # logits kept per sequence
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is caught below as one error
-        x = transformer(params, config, kernels, ids_list, spans, trace)  # [N, C]
-        if logits_to_keep:
-            sizes = [min(n, logits_to_keep) for n in sizes]
-            kept = np.concatenate([np.arange(s.rows.stop - n, s.rows.stop) for s, n in zip(spans, sizes)])
-            x = x[kept]  # [N, C] -> [kept rows, C]
-        logits = kernels.linear(x, params.wte, None)  # tied LM head: [rows, C] @ [C, vocab] -> [rows, vocab]
-    if not np.isfinite(logits).all():  # [rows, vocab]: a few microseconds beside the LM head's product
-        where = first_non_finite(params, config, kernels, ids_list, spans)
-        for s in spans:  # the new positions' slots back to +0.0: the caches as they were
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is caught below as one error
+            x = transformer(params, config, kernels, ids_list, spans, trace)  # [N, C]
+            if logits_to_keep:
+                sizes = [min(n, logits_to_keep) for n in sizes]
+                kept = np.concatenate([np.arange(s.rows.stop - n, s.rows.stop) for s, n in zip(spans, sizes)])
+                x = x[kept]  # [N, C] -> [kept rows, C]
+            logits = kernels.linear(x, params.wte, None)  # tied LM head: [rows, C] @ [C, vocab] -> [rows, vocab]
+        if not np.isfinite(logits).all():  # [rows, vocab]: a few microseconds beside the LM head's product
+            where = first_non_finite(params, config, kernels, ids_list, spans)
+            raise NumericalError(f"the activations are not finite (NaN or infinity) after {where}: the weights "
+                                 "are finite but too large for float32 arithmetic")
+    except BaseException:  # an overflow, or Ctrl-C mid-forward: the new positions' slots back to +0.0,
+        for s in spans:  # the caches as they were (every slot past a cache's length holds +0.0)
             s.cache.k[:, :, s.slots] = 0
             s.cache.v[:, :, s.slots] = 0
-        raise NumericalError(f"the activations are not finite (NaN or infinity) after {where}: the weights "
-                             "are finite but too large for float32 arithmetic")
+        raise
     for s in spans:
         s.cache.length = s.rows.stop - s.rows.start + s.start
     return np.split(logits, np.cumsum(sizes)[:-1])
@@ -133,6 +143,16 @@ def first_non_finite(params: GPT2Params, config: GPT2Config, kernels: Kernels, i
 # ------------------------------------------------------- checking what a forward is given
 
 
+def check_parts(params: GPT2Params, config: GPT2Config, kernels: Kernels) -> None:
+    """InputError unless the config, weights and kernel set are of their types and the weights
+    have the config's shapes (check_params)."""
+    if not isinstance(config, GPT2Config):
+        raise InputError(f"config must be a GPT2Config, got {type(config).__name__}")
+    if not isinstance(kernels, Kernels):
+        raise InputError(f"kernels must be a Kernels set (minigpt.kernels.EXACT or FAST), got {kernels!r}")
+    check_params(params, config)
+
+
 def check_ids(ids, vocab_size: int) -> np.ndarray:
     """Token ids as a 1-D int64 array, or InputError naming the first offending id.
 
@@ -171,13 +191,16 @@ def check_cache(config: GPT2Config, cache) -> KVCache:
         raise InputError(f"cache must be a KVCache (model.new_cache()), got {type(cache).__name__}")
     store = {"k": cache.k, "v": cache.v}
     for name, a in store.items():
-        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 4 or a.shape[2] % PAGE:
-            raise InputError(f"the cache's {name} store must be a float32 array [n_layer, n_head, slots, "
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 4 or a.shape[2] % PAGE \
+                or not a.flags.writeable:
+            raise InputError(f"the cache's {name} store must be a writable float32 array [n_layer, n_head, slots, "
                              f"head_dim] of whole pages of {PAGE}, got {type(a).__name__} "
                              f"{getattr(a, 'dtype', '')} {np.shape(a)}")
     n_layer, n_head, slots, head_dim = cache.k.shape
     if cache.v.shape != cache.k.shape:
         raise InputError(f"the cache's k and v stores differ in shape: {cache.k.shape} and {cache.v.shape}")
+    if np.may_share_memory(cache.k, cache.v):
+        raise InputError("the cache's k and v stores share memory: values would overwrite keys")
     made = {"n_layer": n_layer, "n_head": n_head, "head_dim": head_dim}
     wanted = {"n_layer": config.n_layer, "n_head": config.n_head, "head_dim": config.head_dim}
     if made != wanted:
@@ -188,6 +211,8 @@ def check_cache(config: GPT2Config, cache) -> KVCache:
                          f"{config.n_positions} (n_positions): it was made for another model")
     if not all(isinstance(p, (int, np.integer)) and 0 <= p < slots // PAGE for p in cache.pages):
         raise InputError(f"the cache's page table {cache.pages} points outside its store of {slots // PAGE} pages")
+    if len(set(cache.pages)) != len(cache.pages):
+        raise InputError(f"the cache's page table {cache.pages} holds a page twice: two positions would share a slot")
     if isinstance(cache.length, bool) or not isinstance(cache.length, (int, np.integer)) \
             or not 0 <= cache.length <= cache.capacity:
         raise InputError(f"the cache's length {cache.length!r} is not in 0..{cache.capacity} (its capacity)")
@@ -208,6 +233,9 @@ class Model:
     kernels: Kernels = EXACT
     tokenizer_loader: Callable[[], Encoding] | None = None
 
+    def __post_init__(self) -> None:
+        check_parts(self.params, self.config, self.kernels)  # weights of another config: refused at once
+
     @cached_property
     def tokenizer(self) -> Encoding | None:
         return None if self.tokenizer_loader is None else self.tokenizer_loader()
@@ -221,3 +249,11 @@ class Model:
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         return new_cache(self.config, capacity)
+
+
+def check_model(model: object) -> Model:
+    """`model` if it is a Model; else InputError (a name or a path must be loaded first)."""
+    if not isinstance(model, Model):
+        hint = ": load it first (minigpt.load)" if isinstance(model, (str, os.PathLike)) else ""
+        raise InputError(f"model must be a minigpt.Model, got {type(model).__name__} {reprlib.repr(model)}{hint}")
+    return model

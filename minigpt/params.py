@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import GPT2Config
+from .errors import InputError
 
 
 @dataclass(frozen=True, eq=False)  # holds arrays: no elementwise ==
@@ -57,6 +58,9 @@ class GPT2Params:
     ln_f: LayerNorm
 
 
+BLOCK_TENSORS = 12  # tensors per block in expected_shapes: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj
+
+
 def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
     """Every tensor name of a GPT-2 checkpoint (without the `transformer.` prefix) and its shape there."""
     C, V, P = config.n_embd, config.vocab_size, config.n_positions
@@ -71,6 +75,23 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
             f"h.{i}.mlp.c_proj.weight": (4 * C, C), f"h.{i}.mlp.c_proj.bias": (C,),
         })
     return shapes
+
+
+def check_params(params: object, config: GPT2Config) -> None:
+    """InputError unless `params` are GPT2Params holding float32 tensors of exactly `config`'s shapes:
+    weights of another model would fail inside NumPy or, with only the layer count different, run
+    silently. It names the first tensor that does not fit."""
+    if not isinstance(params, GPT2Params):
+        raise InputError(f"params must be GPT2Params (minigpt.params), got {type(params).__name__}")
+    if len(params.h) != config.n_layer:
+        raise InputError(f"the weights have {len(params.h)} layer(s) and the config {config.n_layer} (n_layer): "
+                         "they belong to another model")
+    shapes = expected_shapes(config)
+    for name, value in params_to_tensors(params).items():
+        if not isinstance(value, np.ndarray) or value.dtype != np.float32 or value.shape != shapes[name]:
+            raise InputError(f"the weights' tensor {name!r} is {type(value).__name__} {getattr(value, 'dtype', '')} "
+                             f"{list(np.shape(value))}, expected float32 {list(shapes[name])} from the config: "
+                             "the weights belong to another model")
 
 
 def params_from_tensors(config: GPT2Config, t: dict[str, np.ndarray]) -> GPT2Params:

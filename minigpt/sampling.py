@@ -3,6 +3,8 @@ and the log-probabilities of the model's raw distribution that scripts ask for."
 
 from __future__ import annotations
 
+import math
+import reprlib
 from dataclasses import dataclass
 from numbers import Integral
 
@@ -22,20 +24,26 @@ class SamplingOptions:
 
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
-        if not is_float(t) or not 0 <= t < float("inf"):
-            raise InputError(f"temperature must be a finite number >= 0, got {t!r}")
+        if not 0 <= as_float(t) < float("inf"):  # NaN fails too
+            raise InputError(f"temperature must be a finite number >= 0, got {reprlib.repr(t)}")
         if k is not None:
             check_int(k, "top_k", 1)
-        if p is not None and (not is_float(p) or not 0 < p <= 1):
-            raise InputError(f"top_p must be a number in (0, 1], got {p!r}")
+        if p is not None and not 0 < as_float(p) <= 1:
+            raise InputError(f"top_p must be a number in (0, 1], got {reprlib.repr(p)}")
         if self.seed is not None:
             check_int(self.seed, "seed", 0)
 
 
-def is_float(value: object) -> bool:
-    """A number NumPy computes with as a float: a Python or NumPy int or float, not a bool. Other
-    numbers (Fraction, Decimal) would pass a comparison and then fail inside NumPy."""
-    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (Integral, float, np.floating))
+def as_float(value: object) -> float:
+    """`value` as the float NumPy computes with, if it is a Python or NumPy int or float (not a bool)
+    that a float64 holds; else NaN, which fails every range check. Other numbers (Fraction, Decimal)
+    would pass a comparison and then fail inside NumPy, and so would an int beyond float64 (10**400)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Integral, float, np.floating)):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.nan
 
 
 def filtered_log_probs(logits: np.ndarray, options: SamplingOptions) -> np.ndarray:

@@ -15,7 +15,7 @@ import numbers
 import numpy as np
 
 from .errors import InputError
-from .model import Model, check_ids
+from .model import Model, check_ids, check_model
 from .sampling import token_log_prob
 
 
@@ -35,7 +35,7 @@ def check_stride(stride, n_positions: int) -> int:
 def score(model: Model, ids, stride: int | None = None) -> np.ndarray:
     """float64 [len(ids) - 1]: log P(ids[i] | ids[:i]) for i = 1 .. len(ids) - 1, in windows of
     n_positions tokens advancing by `stride` (default n_positions // 2) when the text is longer."""
-    ids = check_ids(ids, model.config.vocab_size)  # [N]
+    ids = check_ids(ids, check_model(model).config.vocab_size)  # [N]
     if ids.size < 2:
         raise InputError(f"scoring needs at least 2 tokens (the first is only context for the next), got {ids.size}")
     n_positions = model.config.n_positions

@@ -20,8 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ContextLengthError, InputError, check_int
-from .model import Model, check_ids
+from .errors import ContextLengthError, InputError, check_bool, check_int
+from .model import Model, check_ids, check_model
 from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
 
 
@@ -93,10 +93,11 @@ def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, *, temperat
                  stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
                  truncate_prompt: bool = False) -> Request:
     """Check everything about a request before any work is done."""
+    check_model(model)
     sampling = SamplingOptions(temperature, top_k, top_p, seed)
-    prompt = prepare_prompt(model, prompt_ids, max_new_tokens, truncate_prompt)
+    prompt = prepare_prompt(model, prompt_ids, max_new_tokens, check_bool(truncate_prompt, "truncate_prompt"))
     top_logprobs = check_int(top_logprobs, "top_logprobs", 0)
-    eos = model.config.eos_token_id if stop_at_eos else None
+    eos = model.config.eos_token_id if check_bool(stop_at_eos, "stop_at_eos") else None
     return Request(tuple(prompt), int(max_new_tokens), sampling, eos, check_stop(model, stop), top_logprobs)
 
 

@@ -23,6 +23,7 @@ from .errors import ContextLengthError, InputError, MinigptError, check_int
 from .generate import generate
 from .model import Model
 from .sequence import prepare_prompt
+from .tokenizer import valid_text
 
 OnStep = Callable[[str, int, float], None]  # (mode, tokens so far, that token's seconds)
 MODES = ("naive", "cached")
@@ -129,7 +130,8 @@ def plot_lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], path:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
-    ax.set_title(title, fontsize=10)
+    # the title holds a model path: "$" in it is text, not mathtext; undecodable bytes are U+FFFD
+    ax.set_title(valid_text(title), fontsize=10, parse_math=False)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
-from .errors import TokenizerError
+from .errors import InputError, TokenizerError
 from .files import is_file
 
 ENDOFTEXT = "<|endoftext|>"
@@ -49,7 +49,8 @@ def byte_decoder() -> dict[str, int]:
 def read_ranks(merges: Path, vocab: Path) -> dict[bytes, int]:
     """token bytes -> id from the vocabulary, checked against the merges (merge i makes token 256 + i)
     and against what tiktoken needs: ids 0 .. n-1, a token for each of the 256 bytes (without one,
-    tiktoken panics on text holding that byte), and GPT-2's size (an id it lacks cannot be decoded)."""
+    tiktoken panics on text holding that byte) at GPT-2's id for it (else bytes are silently swapped),
+    and GPT-2's size (an id it lacks cannot be decoded)."""
     decode = byte_decoder()
     table = json.loads(vocab.read_text(encoding="utf-8"))
     ranks = {bytes(decode[c] for c in token): rank for token, rank in table.items() if token != ENDOFTEXT}
@@ -64,6 +65,11 @@ def read_ranks(merges: Path, vocab: Path) -> dict[bytes, int]:
     if missing:
         raise ValueError(f"the vocabulary lacks {len(missing)} of the 256 single-byte tokens (the first: byte "
                          f"{missing[0]:#04x}), so text holding such a byte cannot be encoded")
+    moved = next((i for i, b in enumerate(decode.values()) if ranks[bytes([b])] != i), None)
+    if moved is not None:  # GPT-2's ids 0 .. 255 are the bytes in byte_decoder's order
+        b = list(decode.values())[moved]
+        raise ValueError(f"the single-byte token of byte {b:#04x} has id {ranks[bytes([b])]}, not GPT-2's {moved}: "
+                         "the model would read other bytes than the text's")
     if len(ranks) != GPT2_VOCAB_SIZE - 1:
         raise ValueError(f"the vocabulary has {len(ranks)} tokens besides {ENDOFTEXT}; GPT-2's has {GPT2_VOCAB_SIZE - 1}")
     return ranks
@@ -73,7 +79,7 @@ def encoding_from_files(merges: Path, vocab: Path) -> tiktoken.Encoding:
     """tiktoken's GPT-2 encoding built from local BPE tables."""
     try:
         ranks = read_ranks(merges, vocab)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # [[[[... too deep
         raise TokenizerError(f"cannot use the GPT-2 BPE tables {merges} and {vocab}: {e}") from None
     return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                              special_tokens={ENDOFTEXT: len(ranks)})
@@ -81,6 +87,8 @@ def encoding_from_files(merges: Path, vocab: Path) -> tiktoken.Encoding:
 
 def gpt2_tokenizer(directory: str | Path | None = None) -> tiktoken.Encoding:
     """GPT-2's encoding: from `directory`'s tables if it has them, else `MINIGPT_BPE_DIR`, else tiktoken's."""
+    if directory is not None and not isinstance(directory, (str, os.PathLike)):
+        raise InputError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
     if directory is not None and (files := find_bpe_files(directory)):
         return encoding_from_files(*files)
     if folder := os.environ.get("MINIGPT_BPE_DIR"):
@@ -116,6 +124,11 @@ def encode(tokenizer: tiktoken.Encoding, text: str) -> list[int]:
     if tokenizer is None:  # `model.tokenizer` of a model whose vocabulary is not GPT-2's
         raise TokenizerError("no tokenizer (None): the model's vocabulary is not GPT-2's, so it has no tokenizer "
                              "for text; give it token ids")
+    if not isinstance(tokenizer, tiktoken.Encoding):
+        raise InputError(f"encode takes a tokenizer (model.tokenizer), got {type(tokenizer).__name__}")
+    if not isinstance(text, str):
+        raise InputError(f"encode takes text (a str), got {type(text).__name__}"
+                         + ("; decode the bytes first" if isinstance(text, (bytes, bytearray)) else ""))
     ids = []
     for i, part in enumerate(SURROGATE_ESCAPES.split(text)):  # text, escaped bytes, text, ...
         if i % 2:

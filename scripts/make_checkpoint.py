@@ -23,6 +23,7 @@ from minigpt.checkpoint import PREFIX, save_checkpoint  # noqa: E402
 from minigpt.cli import Parser  # noqa: E402
 from minigpt.cli.common import non_negative_int, positive_int  # noqa: E402
 from minigpt.config import GPT2_SIZES  # noqa: E402
+from minigpt.errors import TokenizerError  # noqa: E402
 from minigpt.loading import EMBEDDED  # noqa: E402
 from minigpt.params import random_params  # noqa: E402
 from minigpt.safetensors_format import ENCODINGS  # noqa: E402
@@ -51,7 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.bpe_dir and find_bpe_files(args.bpe_dir) is None:
+    try:
+        bpe_files = args.bpe_dir and find_bpe_files(args.bpe_dir)
+    except TokenizerError as e:  # a symlink loop or a FIFO where a table belongs, an unsearchable folder
+        parser.error(f"argument --bpe-dir: {e}")
+    if args.bpe_dir and bpe_files is None:
         parser.error(f"--bpe-dir {args.bpe_dir} must hold "
                      + " or ".join(f"{vocab} and {merges}" for merges, vocab in BPE_FILE_PAIRS))
     if args.out_dir.exists() and not args.out_dir.is_dir():
@@ -64,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             shards=args.shards, lm_head=args.lm_head, attn_bias=args.attn_bias,
         )
         if args.bpe_dir:
-            for source, target in zip(find_bpe_files(args.bpe_dir), HUB_BPE_FILES):
+            for source, target in zip(bpe_files, HUB_BPE_FILES):
                 shutil.copyfile(source, args.out_dir / target)
     except ValueError as e:  # the shard count, checked before anything is written
         parser.error(f"argument --shards: {e}")

@@ -650,7 +650,9 @@ def first_300(vocab: dict) -> dict:
     (first_300, 50000, "merge 44 ('Ġ l') disagrees with the vocabulary"),
     (first_300, 44, "has 300 tokens besides <|endoftext|>; GPT-2's has 50256"),
     (lambda vocab: {token: float(i) for token, i in vocab.items()}, 50000, "ids are not 0 .. n-1"),
-], ids=["no-single-byte-a", "merges-beyond-the-vocabulary", "a-smaller-vocabulary", "float-ids"])
+    (lambda vocab: {**vocab, "a": vocab["b"], "b": vocab["a"]}, 50000,
+     "the single-byte token of byte 0x61 has id 65, not GPT-2's 64"),
+], ids=["no-single-byte-a", "merges-beyond-the-vocabulary", "a-smaller-vocabulary", "float-ids", "bytes-swapped"])
 def test_broken_bpe_tables_are_a_tokenizer_error(tmp_path, monkeypatch, edit, merges, fault):
     monkeypatch.setenv("MINIGPT_BPE_DIR", str(bpe_tables(tmp_path / "bpe", edit, merges)))
     with pytest.raises(TokenizerError) as caught:
@@ -816,3 +818,117 @@ def test_numpy_scalars_are_numbers(tiny_model):
     assert result.tokens == minigpt.generate(tiny_model, [464], 2, temperature=0.5, top_p=0.9, top_k=5, seed=3).tokens
 
 
+
+
+def test_a_number_beyond_float64_is_refused_before_numpy_overflows(tiny_model, no_work):
+    """10**400 is an int, so it compares fine with infinity, and then overflows inside NumPy."""
+    for call in (lambda: minigpt.generate(tiny_model, [464], 1, temperature=10**400),
+                 lambda: minigpt.generate_batch(tiny_model, [[464]], 1, temperature=[10**400])):
+        with pytest.raises(InputError, match="temperature must be a finite number >= 0, got 1000"):
+            call()
+
+
+# Arguments of the wrong type, to every public function
+
+def other_model() -> minigpt.Model:
+    return model_of(n_layer=2)  # n_embd 8: random-tiny's config with these weights does not fit
+
+
+WRONG_TYPES = {  # the call, what the InputError must say
+    "generate-a-name": (lambda m: minigpt.generate("random-tiny", [464], 1),
+                        "model must be a minigpt.Model, got str 'random-tiny': load it first"),
+    "stream-none": (lambda m: minigpt.stream(None, [464], 1), "model must be a minigpt.Model, got NoneType"),
+    "generate_batch-a-name": (lambda m: minigpt.generate_batch("random-tiny", [], 1), "got str 'random-tiny'"),
+    "score-a-path": (lambda m: minigpt.score(Path("x"), [464, 13]), "load it first"),
+    "forward-config-none": (lambda m: minigpt.forward(m.params, None, m.kernels, [464]),
+                            "config must be a GPT2Config, got NoneType"),
+    "forward-kernels-a-name": (lambda m: minigpt.forward(m.params, m.config, "exact", [464]),
+                               "kernels must be a Kernels set"),
+    "forward-weights-of-another-model": (lambda m: minigpt.forward(other_model().params, m.config, m.kernels, [464]),
+                                         "tensor 'wte.weight' is ndarray float32 [50257, 8], expected float32 "
+                                         "[50257, 64]"),
+    "Model-weights-of-another-config": (lambda m: minigpt.Model(m.config, model_of(n_layer=1).params),
+                                        "the weights have 1 layer(s) and the config 2 (n_layer)"),
+    "Model-float64-weights": (lambda m: minigpt.Model(m.config, dataclasses.replace(
+        m.params, wpe=m.params.wpe.astype(np.float64))), "'wpe.weight' is ndarray float64 [256, 64], expected float32"),
+    "Model-kernels-a-name": (lambda m: minigpt.Model(m.config, m.params, "fast"), "kernels must be a Kernels set"),
+    "new_cache-of-a-model": (lambda m: minigpt.new_cache(m, 16), "GPT2Config (model.config), got Model"),
+    "use_cache-a-string": (lambda m: minigpt.generate(m, [464], 1, use_cache="no"),
+                           "use_cache must be True or False, got 'no'"),
+    "stop_at_eos-none": (lambda m: minigpt.generate_batch(m, [[464]], 1, stop_at_eos=None),
+                         "stop_at_eos must be True or False, got None"),
+    "truncate_prompt-an-int": (lambda m: minigpt.stream(m, [464], 1, truncate_prompt=1),
+                               "truncate_prompt must be True or False, got 1"),
+    "on_step-an-int": (lambda m: minigpt.generate(m, [464], 1, on_step=5), "on_step must be a function or None"),
+    "forward_batch-a-generator": (lambda m: m.forward_batch((ids for ids in [[464]]), [None]),
+                                  "a list of id sequences and a list of caches, got generator and list"),
+    "forward_batch-one-cache-twice": (lambda m: m.forward_batch([[464], [13]], [c := m.new_cache(), c]),
+                                      "the same cache for two sequences"),
+    "forward-trace-not-a-trace": (lambda m: m.forward([464], trace=[]), "a trace is a Trace"),
+}
+
+
+@pytest.mark.parametrize("call", WRONG_TYPES)
+def test_an_argument_of_the_wrong_type_is_an_input_error_naming_it(tiny_model, no_work, call):
+    """Never an AttributeError or a NumPy error from inside, never silently taken for another value."""
+    make, message = WRONG_TYPES[call]
+    with pytest.raises(InputError) as caught:
+        result = make(tiny_model)
+        list(result) if call.startswith("stream") else None
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("text, message", [(b"The dog", "got bytes; decode the bytes first"), (None, "got NoneType")])
+def test_encode_takes_text_and_a_tokenizer(tiny_model, tokenizer, text, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        minigpt.encode(tokenizer, text)
+    with pytest.raises(InputError, match=re.escape("a tokenizer (model.tokenizer), got Model")):
+        minigpt.encode(tiny_model, "The dog")
+
+
+@pytest.mark.parametrize("store, fault", [
+    ("shared", "k and v stores share memory"),
+    ("read-only", "writable float32 array"),
+    ("a-page-twice", "holds a page twice"),
+])
+def test_a_cache_whose_store_cannot_hold_keys_and_values_is_refused(no_work, store, fault):
+    """Each would be a silent wrong answer (values over keys, two positions in one slot) or a NumPy error."""
+    k, v = np.zeros((1, 2, 32, 4), np.float32), np.zeros((1, 2, 32, 4), np.float32)
+    pages = [0, 1]
+    if store == "shared":
+        v = k
+    elif store == "read-only":
+        k.setflags(write=False)
+    else:
+        pages = [0, 0]
+    with pytest.raises(InputError, match=fault):
+        model_of().forward([464], minigpt.KVCache(k, v, pages))
+
+
+def test_a_forward_interrupted_midway_leaves_the_cache_as_it_was(tiny_model, monkeypatch):
+    """Ctrl-C after block 0 wrote the new keys and values: their slots are +0.0 again, as the exact
+    kernels need of every slot past the cache's length."""
+    cache = tiny_model.new_cache()
+    tiny_model.forward([464, 3290], cache)
+    k, v = cache.k.copy(), cache.v.copy()
+    real_block = minigpt.model.block
+
+    def block(x, p, n_head, eps, layer, *args):
+        if layer == 1:
+            raise KeyboardInterrupt
+        return real_block(x, p, n_head, eps, layer, *args)
+
+    monkeypatch.setattr(minigpt.model, "block", block)
+    with pytest.raises(KeyboardInterrupt):
+        tiny_model.forward([13, 14], cache)
+    assert cache.length == 2
+    assert np.array_equal(cache.k.view(np.uint32), k.view(np.uint32))
+    assert np.array_equal(cache.v.view(np.uint32), v.view(np.uint32))
+
+
+def test_bpe_tables_nested_too_deeply_are_a_tokenizer_error(tmp_path, monkeypatch):
+    (tmp_path / "encoder.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "vocab.bpe").write_text("#version: 0.2\n")
+    monkeypatch.setenv("MINIGPT_BPE_DIR", str(tmp_path))
+    with pytest.raises(TokenizerError, match="cannot use the GPT-2 BPE tables"):
+        minigpt.gpt2_tokenizer()

@@ -256,3 +256,17 @@ def test_huge_finite_weights_are_one_error_line_never_nan_or_garbage(capsys, tmp
     save_checkpoint(tmp_path, TINY, params_from_tensors(TINY, tensors))
     code, out, err = cli(capsys, *argv, "--model", str(tmp_path), command=command)
     assert_error((code, out.removeprefix(echoed), err), ["not finite", "after block 0 (h.0)"])
+
+
+def test_a_perplexity_beyond_float64_is_null_in_json_and_inf_in_the_table(capsys, tmp_path):
+    """Weights x100 stay finite, but give tokens log-probabilities of about -2000 nats: exp(2000)
+    is no float64, and JSON has no Infinity. The document stays valid JSON."""
+    params = random_params(TINY, seed=1)
+    tensors = {name: value * np.float32(100) for name, value in params_to_tensors(params).items()}
+    save_checkpoint(tmp_path, TINY, params_from_tensors(TINY, tensors))
+    code, out, err = cli(capsys, "The dog ran", "--model", str(tmp_path), "--json", command="score")
+    assert code == 0, err
+    document = json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert document["perplexity"] is None and document["mean_logprob"] < -709
+    code, out, err = cli(capsys, "The dog ran", "--model", str(tmp_path), command="score")
+    assert code == 0 and "perplexity            inf (beyond float64)" in out

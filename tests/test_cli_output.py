@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_api_errors import make_checkpoint
 from test_cli_errors import REPO, assert_error, cli, environment
 
 from minigpt.cli import main
@@ -136,6 +137,20 @@ def test_batch_with_an_output_file_does_without_stdout(capsys, monkeypatch, prom
     assert json.loads(output.read_text())["id"] == 1
 
 
+def test_version_with_a_closed_stdout_is_an_error_not_a_silent_success(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", None)
+    assert_error((run_main(["--version"]), "", capsys.readouterr().err), ["stdout is closed"])
+
+
+@requires_dev_full
+def test_a_batch_output_file_that_cannot_be_written_is_one_error_line(capsys, prompts):
+    """`-o /dev/full` (or a disk that fills): the write fails after the work, as stdout's would."""
+    code = run_main([*commands(prompts)["batch"], "-o", "/dev/full"])
+    out, err = capsys.readouterr()  # after the progress bar
+    assert (code, out) == (1, "") and err.endswith("\nerror: cannot write OUTPUT /dev/full: No space left on device\n")
+    assert "Traceback" not in err
+
+
 def test_a_closed_stdin_is_a_usage_error_for_batch(capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", None)  # `<&-`
     code = run_main(["batch", "-", "--model", "random-tiny"])
@@ -195,6 +210,26 @@ def test_a_bad_plot_target_is_a_usage_error_before_the_model_is_loaded(capsys, t
     pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
     path = str(tmp_path / target)
     assert_error(cli(capsys, "--model", "no-such-model", "--plot", path, command="staircase"), names, exit_code=2)
+
+
+@pytest.mark.parametrize("make, what", [(os.mkfifo, "is a FIFO, not a file"),
+                                        (lambda p: os.symlink(p.name, p), "is a symlink loop")], ids=["fifo", "loop"])
+def test_a_plot_target_that_is_no_file_is_a_usage_error_before_the_model_is_loaded(capsys, tmp_path, make, what):
+    """Not after the measurement, as matplotlib's "not seekable" or "too many levels of symbolic links"."""
+    make(tmp_path / "plot.png")
+    assert_error(cli(capsys, "--model", "no-such-model", "--plot", str(tmp_path / "plot.png"), command="staircase"),
+                 ["argument --plot", what], exit_code=2)
+
+
+@pytest.mark.parametrize("name", ["m$\\frac{$", "m\udcff"], ids=["dollars", "undecodable-byte"])
+def test_a_model_path_in_the_plot_title_is_plain_text(capsys, tmp_path, name):
+    """matplotlib would parse "$...$" as mathtext, and fail on a lone surrogate, after the measurement."""
+    pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
+    directory = make_checkpoint(tmp_path / name)
+    code, out, err = cli(capsys, "--model", str(directory), "--new-tokens", "2", "--plot", str(tmp_path / "p.svg"),
+                         command="staircase")
+    assert code == 0 and "Traceback" not in err, err
+    assert (tmp_path / "p.svg").read_text().count("<svg") == 1
 
 
 def test_a_read_only_plot_directory_is_a_usage_error(capsys, monkeypatch, tmp_path):
@@ -337,3 +372,14 @@ def test_make_checkpoint_cannot_write_under_a_file(capsys, tmp_path):
         make_checkpoint_main()([str(file / "sub")])
     err = capsys.readouterr().err
     assert exit.value.code == 1 and err == f"error: cannot write {file / 'sub'}: Not a directory\n"
+
+
+def test_make_checkpoint_names_a_bpe_table_that_is_not_a_file(capsys, tmp_path):
+    (tmp_path / "bpe").mkdir()
+    (tmp_path / "bpe" / "vocab.bpe").write_text("#version: 0.2\n")
+    os.symlink("encoder.json", tmp_path / "bpe" / "encoder.json")
+    with pytest.raises(SystemExit) as exit:
+        make_checkpoint_main()([str(tmp_path / "out"), "--bpe-dir", str(tmp_path / "bpe")])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: argument --bpe-dir: {tmp_path / 'bpe' / 'encoder.json'} is a symlink loop"), err

@@ -231,6 +231,21 @@ def test_another_architecture_without_gpt2_layers_names_its_tensors(tmp_path):
     assert "n_layer 1, but the weights hold 0 layer(s)" in message and "'model.embed_tokens.weight'" in message
 
 
+def test_layers_of_one_tensor_each_back_no_config_size(tmp_path, monkeypatch):
+    """A header of thousands of one-tensor layers (h.1.x, h.2.x, ...) does not make config.json's
+    n_layer cost memory in proportion: GPT-2's tensors for it are counted before any table of their
+    names is built."""
+    dummies = {f"h.{i}.x": np.zeros(0, np.float32) for i in range(1, 5000)}
+    config = config_to_dict(CONFIG) | {"n_layer": 5000}
+    write_checkpoint(tmp_path, TENSORS | dummies, config)
+
+    def expected_shapes(config):
+        pytest.fail(f"a table of {config.n_layer} layers' names was built")
+
+    monkeypatch.setattr(minigpt.checkpoint, "expected_shapes", expected_shapes)
+    assert "n_layer 5000, for which GPT-2 has 60004 tensors, but the weights hold 5015" in load_error(tmp_path)
+
+
 def test_wrong_shape_names_tensor_and_both_shapes(tmp_path):
     path = write_checkpoint(tmp_path, TENSORS | {"h.0.mlp.c_fc.weight": TENSORS["h.0.mlp.c_fc.weight"].T})
     message = load_error(tmp_path)

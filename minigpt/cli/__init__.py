@@ -42,6 +42,8 @@ class Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="print minigpt's version and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
+        if sys.stdout is None:
+            raise OutputError("stdout is closed: there is nowhere to print the version")
         try:
             version = importlib.metadata.version("minigpt")
         except importlib.metadata.PackageNotFoundError:

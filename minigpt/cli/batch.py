@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import reprlib
 import sys
@@ -24,8 +25,9 @@ from .. import batching
 from ..errors import InputError, MinigptError
 from ..model import Model
 from ..paging import PagePool
+from ..safetensors_format import unique_keys
 from ..sequence import GenerationResult, Request, check_stop, generated_text, make_request
-from .common import (UsageError, add_model_options, add_sampling_options, encode_prompt, load_model,
+from .common import (UsageError, add_model_options, add_sampling_options, encode_prompt, json_text, load_model,
                      positive_int)
 from .cost import binary
 
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             tokens, preemptions = tokens + len(result.tokens), preemptions + result.preemptions
             pending[i] = result
             while written in pending:  # release in input order, each line in one write
-                out.write(json.dumps(as_json(ids[written], pending.pop(written), tokenizer)) + "\n")
+                out.write(json_text(as_json(ids[written], pending.pop(written), tokenizer)) + "\n")
                 out.flush()
                 written += 1
     seconds = time.perf_counter() - clock
@@ -160,9 +162,13 @@ def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos
     """One line checked: its id (default: its number) and its request, with the options it overrides.
     The request's checks are the library's own (make_request); only the JSON shapes are checked here."""
     try:
-        line = json.loads(text)
+        line = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
-        raise InputError(f"invalid JSON: {e.msg} at column {e.colno}") from None
+        raise InputError(f"invalid JSON: {e.msg.removesuffix(' at')} at column {e.colno}") from None
+    except ValueError as e:  # a key twice in one object; an integer of more than 4,300 digits
+        raise InputError(f"invalid JSON: {str(e).split(';')[0]}") from None  # not Python's advice on its limit
+    except RecursionError:
+        raise InputError("invalid JSON: nested too deeply") from None
     if not isinstance(line, dict):
         raise InputError(f"a line must be a JSON object {{...}}, got {reprlib.repr(line)}")
     unknown = [key for key in line if key not in KEYS]
@@ -171,8 +177,8 @@ def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos
     if ("prompt" in line) == ("prompt_ids" in line):
         raise InputError('a line needs exactly one of "prompt" (text) and "prompt_ids" (token ids)')
     identity = line.get("id", number)
-    if isinstance(identity, (list, dict)):
-        raise InputError(f'"id" must be a string, number, boolean or null, got {reprlib.repr(identity)}')
+    if isinstance(identity, (list, dict)) or isinstance(identity, float) and not math.isfinite(identity):
+        raise InputError(f'"id" must be a string, finite number, boolean or null, got {reprlib.repr(identity)}')
     if "prompt" in line and not isinstance(line["prompt"], str):
         raise InputError(f'"prompt" must be a string (token ids go in "prompt_ids"), '
                          f'got {reprlib.repr(line["prompt"])}')
@@ -185,7 +191,8 @@ def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos
 
 @contextmanager
 def output(path: str) -> Iterator[IO[str]]:
-    """OUTPUT opened for writing (stdout for -), only once every line of the input has been checked."""
+    """OUTPUT opened for writing (stdout for -), only once every line of the input has been checked.
+    A write that fails (a full disk, /dev/full) is an error naming OUTPUT, as stdout's are."""
     if path == "-":
         yield sys.stdout
         return
@@ -193,8 +200,11 @@ def output(path: str) -> Iterator[IO[str]]:
         file = open(path, "w", encoding="utf-8")
     except OSError as e:
         raise UsageError(f"cannot write OUTPUT {path}: {e.strerror or e}") from None
-    with file:
-        yield file
+    try:
+        with file:
+            yield file
+    except OSError as e:
+        raise MinigptError(f"cannot write OUTPUT {path}: {e.strerror or e}") from None
 
 
 @contextmanager

@@ -7,7 +7,7 @@ import json
 import math
 import sys
 
-from ..errors import InputError
+from ..errors import InputError, MinigptError
 from ..kernels import KERNELS
 from ..loading import load
 from ..model import Model
@@ -75,10 +75,18 @@ def table(rows: list[list[str]], align: str) -> list[str]:
 
 
 def print_json(document: dict) -> None:
-    """`document` as JSON on stdout: ASCII (\\u escapes), so any stdout encoding carries it, and valid
-    Unicode, so any parser reads it (an argument's undecodable bytes are replaced, as in valid_text)."""
-    json.dump(valid_strings(document), sys.stdout, indent=2)
-    print()
+    """`document` as indented JSON on stdout (see json_text)."""
+    print(json_text(document, indent=2))
+
+
+def json_text(document: dict, indent: int | None = None) -> str:
+    """`document` as JSON: ASCII (\\u escapes), so any stdout encoding carries it; valid Unicode, so
+    any parser reads it (an argument's undecodable bytes are replaced, as in valid_text); and never
+    NaN or Infinity, which are not JSON (the commands put none in: this is a guard)."""
+    try:
+        return json.dumps(valid_strings(document), indent=indent, allow_nan=False)
+    except ValueError as e:
+        raise MinigptError(f"the output would not be valid JSON: {e}") from None
 
 
 def valid_strings(value):

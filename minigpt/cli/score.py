@@ -48,7 +48,8 @@ def as_json(args: argparse.Namespace, model: Model, ids: list[int], logprobs: np
     total = float(logprobs.sum())
     mean = total / logprobs.size
     with np.errstate(over="ignore"):
-        perplexity = float(np.exp(-mean))  # inf only for a mean below -709 nats, far beyond any real model
+        perplexity = float(np.exp(-mean))  # inf for a mean below -709 nats: only weights scaled far beyond a
+    perplexity = perplexity if np.isfinite(perplexity) else None  # real model's; JSON has no inf: null
     return {"model": args.model, "kernels": args.kernels, "stride": check_stride(args.stride, model.config.n_positions),
             "n_positions": model.config.n_positions, "tokens": ids,
             "token_texts": [token_text(model.tokenizer, t) for t in ids],
@@ -64,7 +65,7 @@ def report(d: dict) -> str:
              + (f"; windows of {windows} tokens every {d['stride']}" if n > windows else ""),
              "", *table([["i", "id", "token", "logprob"], *rows], ">><>"), "",
              f"total log-probability {d['total_logprob']:.4f} nats",
-             f"mean per token        {d['mean_logprob']:.4f}", f"perplexity            {d['perplexity']:.4g}"]
+             f"mean per token        {d['mean_logprob']:.4f}", "perplexity            " + ("inf (beyond float64)" if d["perplexity"] is None else f"{d['perplexity']:.4g}")]
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from typing import Iterator
 from tqdm import tqdm
 
 from ..errors import InputError
+from ..files import kind
 from ..staircase import MODES, OnStep, Staircase, image_format, measure, plot
 from .common import UsageError, add_model_options, load_model, positive_int, print_json, table
 
@@ -54,8 +55,14 @@ def check_plot_target(path: Path) -> None:
     """A plot can be written at `path`, checked now rather than after minutes of measuring: a usage
     error for a directory, a missing or read-only folder, or an extension matplotlib cannot write."""
     where = f"argument --plot: {str(path)!r}"
-    if os.path.isdir(path):
+    try:
+        what = kind(path, UsageError)
+    except UsageError as e:  # a symlink loop, a directory that cannot be searched
+        raise UsageError(f"argument --plot: {e}") from None
+    if what == "a directory":
         raise UsageError(f"{where} is a directory; name a file, such as {str(path / 'staircase.png')!r}")
+    if what not in (None, "a file"):  # a FIFO, a device: a plot is a file matplotlib seeks in
+        raise UsageError(f"{where} is {what}, not a file")
     if not os.path.isdir(path.parent):
         raise UsageError(f"{where}: there is no directory {str(path.parent)!r} to write it in")
     if not os.access(path.parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
