@@ -63,7 +63,7 @@ def report(d: dict) -> str:
             for i, (token, text, logprob) in enumerate(zip(d["tokens"], d["token_texts"], [None, *d["logprobs"]]))]
     lines = [f"{d['model']} ({d['kernels']} kernels): {n} tokens, {n - 1} scored (the first is only context)"
              + (f"; windows of {windows} tokens every {d['stride']}" if n > windows else ""),
-             "", *table([["i", "id", "token", "logprob"], *rows], ">><>"), "",
+             "", *table([["i", "id", "token", "logprob"], *rows], numbers=(0, 1, 3)), "",
              f"total log-probability {d['total_logprob']:.4f} nats",
              f"mean per token        {d['mean_logprob']:.4f}", "perplexity            " + ("inf (beyond float64)" if d["perplexity"] is None else f"{d['perplexity']:.4g}")]
     return "\n".join(lines)
