@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ContextLengthError, InputError, check_bool, check_int
+from .errors import ContextLengthError, InputError, MinigptError, check_bool, check_int
 from .model import Model, check_ids, check_model
 from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
 
@@ -42,7 +42,15 @@ class Request:
         return len(self.prompt) + max(self.max_new_tokens, 1) - 1
 
 
-TRUNCATE_HINT = " or keep only the prompt's last tokens (truncate_prompt=True)"  # the CLI names its own option
+TRUNCATE_HINT = " or keep only the prompt's last tokens (truncate_prompt=True)"
+
+
+def with_truncate_hint(error: MinigptError, hint: str) -> MinigptError:
+    """`error` with prepare_prompt's hint replaced by `hint`: a caller names its own option (the
+    CLI's --truncate-prompt), or gives "" where it offers none (generate_batch, most commands)."""
+    if TRUNCATE_HINT not in str(error):
+        return error
+    return type(error)(str(error).replace(TRUNCATE_HINT, hint))
 
 
 def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_prompt: bool = False) -> list[int]:
