@@ -69,12 +69,15 @@ def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_promp
     room = config.n_positions - max_new_tokens
     if len(ids) > room:
         if not truncate_prompt or room < 1:
-            raise ContextLengthError(
-                f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the context of "
-                f"{config.n_positions} (n_positions); shorten them" + (TRUNCATE_HINT if room >= 1 else "")
-            )
+            raise context_error(config.n_positions, len(ids), max_new_tokens, TRUNCATE_HINT if room >= 1 else "")
         ids = ids[-room:]
     return ids
+
+
+def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
+    """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
+    return ContextLengthError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds the context of "
+                              f"{n_positions} (n_positions); shorten them{hint}")
 
 
 def check_stop(model: Model, stop) -> tuple[str, ...]:
