@@ -29,7 +29,7 @@ from .kernels import PAGE
 from .kv_cache import pages_for
 from .model import Model, check_model
 from .paging import PagePool
-from .sequence import TRUNCATE_HINT, GenerationResult, Request, make_request, new_sequence
+from .sequence import GenerationResult, Request, make_request, new_sequence, with_truncate_hint
 
 PER_PROMPT = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
 
@@ -56,7 +56,7 @@ def make_requests(model: Model, prompts, options: dict) -> list[Request]:
                                          top_logprobs=options["top_logprobs"],
                                          **{name: per_prompt[name][i] for name in PER_PROMPT}))
         except MinigptError as e:  # no truncate_prompt here: its hint would name an option this API lacks
-            raise type(e)(f"prompt {i}: {str(e).replace(TRUNCATE_HINT, '')}") from None
+            raise type(e)(f"prompt {i}: {with_truncate_hint(e, '')}") from None
     return requests
 
 

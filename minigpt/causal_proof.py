@@ -130,6 +130,7 @@ class Work:
 
 
 def work_of(prompt_len: int, n_steps: int) -> Work:
+    """The two loops' Work for a prompt of prompt_len tokens and n_steps new ones, by cost's count."""
     naive, cached = token_counts(prompt_len, n_steps)
     return Work(naive, cached, 1 - cached / naive)
 

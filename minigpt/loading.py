@@ -72,7 +72,7 @@ def load(source: str | os.PathLike = "gpt2", *, kernels: str = "exact") -> Model
 
 def local_directory(source: str) -> Path | None:
     """`source` as an existing local directory; None when nothing is there; anything else there is an error."""
-    path = Path(os.path.expanduser(source))  # unchanged for an unknown ~user
+    path = as_path(source)
     what = kind(path, CheckpointError) if source else None  # Path("") is the current directory: never meant
     if what == "a directory":
         return path
@@ -83,12 +83,17 @@ def local_directory(source: str) -> Path | None:
 
 def hub_directory(source: str) -> Path:
     """The checkpoint directory of a source that is no local directory: downloaded when it names a hub repo."""
-    path = Path(os.path.expanduser(source))  # unchanged for an unknown ~user
+    path = as_path(source)
     looks_like_path = (source.startswith((".", "/", "~")) or "\\" in source or source.count("/") > 1
                        or path.parent != Path(".") and kind(path.parent, CheckpointError) == "a directory")
     if source in HUB_ALIASES or (source.count("/") == 1 and not looks_like_path):
         return download(HUB_ALIASES.get(source, source))
     raise unknown_source(f"no directory {source!r} and no model of that name", source)
+
+
+def as_path(source: str) -> Path:
+    """`source` as a path, ~ expanded; an unknown ~user stays as written (Path.expanduser would raise)."""
+    return Path(os.path.expanduser(source))
 
 
 def unknown_source(problem: str, source: str) -> ModelNotFoundError:

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ContextLengthError, InputError, check_bool, check_int
+from .errors import ContextLengthError, InputError, MinigptError, check_bool, check_int
 from .model import Model, check_ids, check_model
 from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
 
@@ -42,7 +42,15 @@ class Request:
         return len(self.prompt) + max(self.max_new_tokens, 1) - 1
 
 
-TRUNCATE_HINT = " or keep only the prompt's last tokens (truncate_prompt=True)"  # the CLI names its own option
+TRUNCATE_HINT = " or keep only the prompt's last tokens (truncate_prompt=True)"
+
+
+def with_truncate_hint(error: MinigptError, hint: str) -> MinigptError:
+    """`error` with prepare_prompt's hint replaced by `hint`: a caller names its own option (the
+    CLI's --truncate-prompt), or gives "" where it offers none (generate_batch, most commands)."""
+    if TRUNCATE_HINT not in str(error):
+        return error
+    return type(error)(str(error).replace(TRUNCATE_HINT, hint))
 
 
 def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_prompt: bool = False) -> list[int]:
@@ -61,12 +69,15 @@ def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_promp
     room = config.n_positions - max_new_tokens
     if len(ids) > room:
         if not truncate_prompt or room < 1:
-            raise ContextLengthError(
-                f"prompt of {len(ids)} tokens + {max_new_tokens} new tokens exceeds the context of "
-                f"{config.n_positions} (n_positions); shorten them" + (TRUNCATE_HINT if room >= 1 else "")
-            )
+            raise context_error(config.n_positions, len(ids), max_new_tokens, TRUNCATE_HINT if room >= 1 else "")
         ids = ids[-room:]
     return ids
+
+
+def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
+    """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
+    return ContextLengthError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds the context of "
+                              f"{n_positions} (n_positions); shorten them{hint}")
 
 
 def check_stop(model: Model, stop) -> tuple[str, ...]:

@@ -19,10 +19,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .cost import Cost, estimate, gpt2_architecture
-from .errors import ContextLengthError, InputError, MinigptError, check_int
+from .errors import InputError, MinigptError, check_int
 from .generate import generate
 from .model import Model
-from .sequence import prepare_prompt
+from .sequence import context_error, prepare_prompt
 from .tokenizer import valid_text
 
 OnStep = Callable[[str, int, float], None]  # (mode, tokens so far, that token's seconds)
@@ -60,8 +60,7 @@ def measure(model: Model, prompt_tokens: int, new_tokens: int, on_step: OnStep |
     """
     prompt_tokens, new_tokens = check_int(prompt_tokens, "prompt_tokens", 1), check_int(new_tokens, "new_tokens", 1)
     if prompt_tokens + new_tokens > model.config.n_positions:
-        raise ContextLengthError(f"prompt of {prompt_tokens} tokens + {new_tokens} new tokens exceeds the context "
-                                 f"of {model.config.n_positions} (n_positions); shorten them")
+        raise context_error(model.config.n_positions, prompt_tokens, new_tokens)
     prompt = prepare_prompt(model, fixed_prompt(model, prompt_tokens), new_tokens)
     generate(model, prompt[:1], 1)  # the first BLAS calls, every weight's pages touched once
     seconds = {}

@@ -65,13 +65,13 @@ def read_ranks(merges: Path, vocab: Path) -> dict[bytes, int]:
     if missing:
         raise ValueError(f"the vocabulary lacks {len(missing)} of the 256 single-byte tokens (the first: byte "
                          f"{missing[0]:#04x}), so text holding such a byte cannot be encoded")
-    moved = next((i for i, b in enumerate(decode.values()) if ranks[bytes([b])] != i), None)
-    if moved is not None:  # GPT-2's ids 0 .. 255 are the bytes in byte_decoder's order
-        b = list(decode.values())[moved]
-        raise ValueError(f"the single-byte token of byte {b:#04x} has id {ranks[bytes([b])]}, not GPT-2's {moved}: "
-                         "the model would read other bytes than the text's")
+    for i, b in enumerate(decode.values()):  # GPT-2's ids 0 .. 255 are the bytes in byte_decoder's order
+        if ranks[bytes([b])] != i:
+            raise ValueError(f"the single-byte token of byte {b:#04x} has id {ranks[bytes([b])]}, not GPT-2's {i}: "
+                             "the model would read other bytes than the text's")
     if len(ranks) != GPT2_VOCAB_SIZE - 1:
-        raise ValueError(f"the vocabulary has {len(ranks)} tokens besides {ENDOFTEXT}; GPT-2's has {GPT2_VOCAB_SIZE - 1}")
+        raise ValueError(f"the vocabulary has {len(ranks)} tokens besides {ENDOFTEXT}; "
+                         f"GPT-2's has {GPT2_VOCAB_SIZE - 1}")
     return ranks
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from typing import Callable, Iterator, TextIO
 
 from ..errors import MinigptError
-from ..sequence import TRUNCATE_HINT
+from ..sequence import with_truncate_hint
 from . import batch, cost, generate, prove, score, staircase
 from .common import UsageError
 
@@ -97,10 +97,11 @@ def run(argv: list[str] | None) -> int:
     try:
         status = args.run(args)
     except MinigptError as e:  # the library's hint names its keyword: a command names its own option, or none
-        if TRUNCATE_HINT not in str(e):
-            raise
         hint = " or keep only the prompt's last tokens (--truncate-prompt)" if "truncate_prompt" in args else ""
-        raise type(e)(str(e).replace(TRUNCATE_HINT, hint)) from None
+        hinted = with_truncate_hint(e, hint)
+        if hinted is e:
+            raise
+        raise hinted from None
     flush_stdout()
     return status
 

@@ -67,10 +67,12 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
                         "(in JSON output)")
 
 
-def table(rows: list[list[str]], align: str) -> list[str]:
+def table(rows: list[list[str]], numbers: tuple[int, ...] = ()) -> list[str]:
     """The lines of a text table: each column as wide as its widest cell, columns two spaces apart;
-    align[i] is "<" (text) or ">" (numbers) for column i. Every command's tables are laid out here."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(align))]
+    the columns numbered in `numbers` hold numbers and are right-aligned, the others text, left-aligned.
+    Every command's tables are laid out here."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    align = [">" if i in numbers else "<" for i in range(len(widths))]
     return ["  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths)).rstrip() for row in rows]
 
 

@@ -59,7 +59,7 @@ def render(proof: Proof) -> str:
     w, P, N = proof.work, proof.prompt_len, proof.steps
     lines = [
         f"kernels {proof.kernels}: a {P}-token prompt, {N} greedy steps, naive loop against KV-cache loop", "",
-        *table(header + rows, "<<<<<<<>"),
+        *table(header + rows, numbers=(1 + len(COLUMNS),)),  # layer, a verdict per check, then the largest diff
         "(old: the positions of the step before, unchanged; largest diff: in ULPs at the layer's scale,",
         " the float32 spacing at its largest value; 0: bit for bit)", "",
         f"tokens: cached loop == naive loop at every step: {MARK[proof.drifts[0].tokens_equal]}",
@@ -81,7 +81,7 @@ def describe(drift: Drift) -> str:
         return f"{head} none; every compared bit is identical"
     where = [[f"  {LABELS[check]}", location(c)] for check, c in drift.first.items()]
     return "\n".join([
-        f"{head} where each check first saw bits change", *table(where, "<<"),
+        f"{head} where each check first saw bits change", *table(where),
         f"  largest difference {drift.scale_ulp:.3g} ULP at the layer's scale ({drift.max_abs:.3g} absolute; "
         f"{drift.max_ulp} ULP between raw",
         "  bit patterns, which count the tiny ULPs near 0.0); tokens "

@@ -47,9 +47,9 @@ def as_json(args: argparse.Namespace, model: Model, ids: list[int], logprobs: np
     """The scores and their summary; logprobs[i] belongs to tokens[i + 1]."""
     total = float(logprobs.sum())
     mean = total / logprobs.size
-    with np.errstate(over="ignore"):
-        perplexity = float(np.exp(-mean))  # inf for a mean below -709 nats: only weights scaled far beyond a
-    perplexity = perplexity if np.isfinite(perplexity) else None  # real model's; JSON has no inf: null
+    with np.errstate(over="ignore"):  # inf for a mean below -709 nats (weights scaled far beyond a real model's)
+        perplexity = float(np.exp(-mean))
+    perplexity = perplexity if np.isfinite(perplexity) else None  # JSON has no inf: null
     return {"model": args.model, "kernels": args.kernels, "stride": check_stride(args.stride, model.config.n_positions),
             "n_positions": model.config.n_positions, "tokens": ids,
             "token_texts": [token_text(model.tokenizer, t) for t in ids],
@@ -59,13 +59,14 @@ def as_json(args: argparse.Namespace, model: Model, ids: list[int], logprobs: np
 def report(d: dict) -> str:
     """A row per token (its text as a Python string literal: newlines and control characters escaped)."""
     n, windows = len(d["tokens"]), d["n_positions"]
+    perplexity = "inf (beyond float64)" if d["perplexity"] is None else f"{d['perplexity']:.4g}"
     rows = [[f"{i}", f"{token}", repr(text), "-" if logprob is None else f"{logprob:.4f}"]
             for i, (token, text, logprob) in enumerate(zip(d["tokens"], d["token_texts"], [None, *d["logprobs"]]))]
     lines = [f"{d['model']} ({d['kernels']} kernels): {n} tokens, {n - 1} scored (the first is only context)"
              + (f"; windows of {windows} tokens every {d['stride']}" if n > windows else ""),
-             "", *table([["i", "id", "token", "logprob"], *rows], ">><>"), "",
+             "", *table([["i", "id", "token", "logprob"], *rows], numbers=(0, 1, 3)), "",
              f"total log-probability {d['total_logprob']:.4f} nats",
-             f"mean per token        {d['mean_logprob']:.4f}", "perplexity            " + ("inf (beyond float64)" if d["perplexity"] is None else f"{d['perplexity']:.4g}")]
+             f"mean per token        {d['mean_logprob']:.4f}", f"perplexity            {perplexity}"]
     return "\n".join(lines)
 
 

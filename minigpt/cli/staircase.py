@@ -114,8 +114,8 @@ def report(s: Staircase, args: argparse.Namespace) -> str:
         summary.append([mode, f"{m['first_ms']:.1f}", f"{m['last_ms']:.1f}", f"{m['median_ms']:.1f}",
                         f"{m['total_s']:.2f}"])
     lines = [f"{args.model} ({args.kernels} kernels): {p.prompt}-token prompt, {p.reply} new tokens per loop", "",
-             *table([["token", "naive ms", "cached ms"], *per_token], ">>>"), "",
-             *table([["", "first ms", "last ms", "median ms", "total s"], *summary], "<>>>>"), "",
+             *table([["token", "naive ms", "cached ms"], *per_token], numbers=(0, 1, 2)), "",
+             *table([["", "first ms", "last ms", "median ms", "total s"], *summary], numbers=(1, 2, 3, 4)), "",
              f"naive / cached total time: {s.measured_ratio:.1f}x measured; predicted {p.ratio:.1f}x by tokens "
              f"through the model ({p.naive_tokens:,} vs {p.cached_tokens:,}), {p.flop_ratio:.1f}x by FLOPs"]
     if args.plot is not None:
