@@ -42,9 +42,9 @@ drafters = st.sampled_from(["ngram", "self", "random"])
 
 @given(st.data())
 def test_speculative_greedy_tokens_and_logits_are_bitwise_plain_greedy(data):
-    """With prompt lookup, the model as its own draft (everything accepted) or a drafter of random
-    tokens, and any k: the greedy tokens equal plain greedy decoding's, and the logits row behind
-    each token is bitwise the row plain decoding computed for it."""
+    """With prompt lookup, the model as its own draft (every draft accepted, up to an end-of-text) or
+    a drafter of random tokens, and any k: the greedy tokens equal plain greedy decoding's, and the
+    logits row behind each token is bitwise the row plain decoding computed for it."""
     model = data.draw(models(min_positions=2))
     ids = data.draw(token_ids(model.config, max_size=model.config.n_positions - 1))
     n = data.draw(st.integers(1, model.config.n_positions - len(ids)), label="max_new_tokens")
@@ -61,6 +61,6 @@ def test_speculative_greedy_tokens_and_logits_are_bitwise_plain_greedy(data):
     assert spec.logprobs == plain.logprobs
     by_bits = {row.tobytes() for row in spec_rows}
     assert all(row.tobytes() in by_bits for row in plain_rows[-len(plain.tokens):] if plain.tokens)
-    if kind == "self":
-        assert spec.accepted == spec.drafted  # its own draft is always right
+    if kind == "self":  # its own draft is always right: only drafts after an end-of-text go unused
+        assert spec.accepted == spec.drafted or (spec.finish_reason == "eos" and spec.drafted - spec.accepted < k)
 
