@@ -103,7 +103,7 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
             for i in range(reported, len(seq.tokens)):
                 on_step(i + 1, seq.seconds[i])
             reported = len(seq.tokens)
-    return seq.result(use_cache)
+    return seq.result(bool(use_cache))  # checked in sequence_and_steps: True or False, maybe NumPy's
 
 
 def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
