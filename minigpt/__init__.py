@@ -8,39 +8,30 @@
     results = minigpt.generate_batch(model, [ids, ids[:1]], max_new_tokens=20)   # together, each as if alone
     logprobs = minigpt.score(model, ids)             # log P(ids[i] | ids[:i]) for i >= 1
 
-The modules are the chapters; read them in this order (the README's table and docs/README.md follow it):
-
-1. the model: config, params, layers (a linear map is x @ w.T + b, kernels.fast_linear), model, tokenizer;
-2. the loop: generate, sampling, sequence; what it costs: cost, staircase;
-3. the cache: kv_cache, and causal_proof, the proof that it is exact;
-4. new, exactness: kernels, the row-invariant EXACT kernels that make the proof hold bit for bit;
-5. the other fixes: batching, paging, speculative;
-6. scripted use: scoring, cli;
-7. loading and checking: loading, checkpoint, safetensors_format, errors, files.
+The modules are the chapters; read them in the order of the README's table (docs/README.md
+follows it): GPT-2 plainly, the KV cache, the loop and its cost, exactness, the engine, loading
+and checking, scripted use. The names below are imported on first use, so `import minigpt`
+loads nothing else and changes no process state.
 """
 
-import os
-import signal
-import sys
+import importlib
 
-if sys.argv[:1] == ["-m"] and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    # `python -m minigpt` is starting (Python sets argv[0] to "-m" while it imports the package): Ctrl-C
-    # while the modules below load exits 130 at once, with no traceback (nothing is printed yet);
-    # minigpt/__main__.py restores KeyboardInterrupt once they are loaded.
-    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
+_EXPORTS = {  # name -> the module that defines it
+    "GPT2Config": "config", "KVCache": "kv_cache", "GenerationResult": "sequence", "StreamedToken": "sequence",
+    "Model": "model", "encode": "tokenizer", "gpt2_tokenizer": "tokenizer", "load": "loading",
+    "generate": "api", "stream": "api", "generate_batch": "api", "score": "api", "prove": "api",
+    "MinigptError": "errors",
+}
+__all__ = [*_EXPORTS, "errors"]
 
-from .config import GPT2Config
-from .model import Model, Trace, forward
-from .tokenizer import encode, gpt2_tokenizer
-from .generate import generate, stream
-from .sequence import GenerationResult, StreamedToken
-from .kv_cache import KVCache, new_cache
-from .batching import generate_batch
-from .scoring import score
-from .loading import load
-from . import errors
-from .errors import MinigptError
 
-__all__ = ["GPT2Config", "Model", "Trace", "forward", "encode", "gpt2_tokenizer", "generate", "stream",
-           "GenerationResult", "StreamedToken", "KVCache", "new_cache", "generate_batch", "score", "load",
-           "errors", "MinigptError"]
+def __getattr__(name: str):
+    if name == "errors":
+        return importlib.import_module(".errors", __name__)
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'minigpt' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -24,59 +24,12 @@ import time
 from collections import deque
 from typing import Callable, Iterator
 
-from .errors import InputError, MinigptError, check_int
-from .kernels import PAGE
-from .kv_cache import pages_for
-from .model import Model, check_model
-from .paging import PagePool
-from .sequence import GenerationResult, Request, make_request, new_sequence, with_truncate_hint
-
-PER_PROMPT = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
+from .gpt2 import GPT2
+from .paging import PagePool, forward_batch
+from .sequence import GenerationResult, Request, Sequence
 
 
-def make_requests(model: Model, prompts, options: dict) -> list[Request]:
-    """One checked Request per prompt. Each option is one value for all prompts or a list with one
-    value per prompt (`stop`: a list of strings for all, or a list of such lists). A bad request
-    is named by its index, before any work."""
-    check_model(model)
-    if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
-        raise InputError("prompts must be a list of token-id lists")
-    per_prompt = {}
-    for name in PER_PROMPT:
-        value = options[name]
-        listed = (isinstance(value, (list, tuple)) and (name != "stop" or any(
-            v is None or isinstance(v, (list, tuple)) for v in value)))
-        if listed and len(value) != len(prompts):
-            raise InputError(f"{name} has {len(value)} values for {len(prompts)} prompts")
-        per_prompt[name] = value if listed else [value] * len(prompts)
-    requests = []
-    for i, prompt in enumerate(prompts):
-        try:
-            requests.append(make_request(model, prompt, stop_at_eos=options["stop_at_eos"],
-                                         top_logprobs=options["top_logprobs"],
-                                         **{name: per_prompt[name][i] for name in PER_PROMPT}))
-        except MinigptError as e:  # no truncate_prompt here: its hint would name an option this API lacks
-            raise type(e)(f"prompt {i}: {with_truncate_hint(e, '')}") from None
-    return requests
-
-
-def new_pool(model: Model, requests: list[Request], max_batch_size: int, kv_cache_tokens: int | None) -> PagePool:
-    """The page pool for a batch: kv_cache_tokens positions (default: max_batch_size whole contexts),
-    refusing up front a request that could never fit in it. It never holds more than a whole context
-    per request, all a batch can use: a huge max_batch_size or kv_cache_tokens allocates no more."""
-    n_positions = model.config.n_positions
-    if kv_cache_tokens is None:
-        kv_cache_tokens = check_int(max_batch_size, "max_batch_size", 1) * n_positions
-    n_pages = pages_for(min(check_int(kv_cache_tokens, "kv_cache_tokens", 1), max(1, len(requests)) * n_positions))
-    for i, r in enumerate(requests):
-        if pages_for(r.max_positions) > n_pages:
-            raise InputError(f"prompt {i}: {len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
-                             f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); the "
-                             f"pool holds {n_pages * PAGE} (kv_cache_tokens)")
-    return PagePool(model.config, n_pages)
-
-
-def run(model: Model, requests: list[Request], pool: PagePool, max_batch_size: int,
+def run(gpt: GPT2, requests: list[Request], pool: PagePool, max_batch_size: int,
         on_step: Callable[[int], None] | None = None) -> Iterator[tuple[int, GenerationResult]]:
     """The scheduler. Yields (request index, result) as each sequence finishes; on_step(new tokens)
     after every step. However it ends (finished, an error, Ctrl-C, the caller stopping early) every
@@ -87,8 +40,7 @@ def run(model: Model, requests: list[Request], pool: PagePool, max_batch_size: i
     there are places and pages for their tokens; then one forward over all running sequences (a
     prefill for the newly admitted, one token for the others) and one new token each.
     """
-    check_int(max_batch_size, "max_batch_size", 1)
-    seqs = [new_sequence(model, r) for r in requests]
+    seqs = [Sequence(r) for r in requests]
     caches = {i: pool.new_cache() for i in range(len(seqs))}
     waiting = deque(i for i, s in enumerate(seqs) if not s.done)
     running: list[int] = []  # in order of admission
@@ -118,7 +70,7 @@ def run(model: Model, requests: list[Request], pool: PagePool, max_batch_size: i
                 continue
             clock = time.perf_counter()
             ids = [seqs[i].ids[caches[i].length:] for i in running]  # a prefill, or the last token
-            logits = model.forward_batch(ids, [caches[i] for i in running], logits_to_keep=1)
+            logits = forward_batch(gpt, ids, [caches[i] for i in running], logits_to_keep=1)
             chosen = [seqs[i].choose(row[0]) for i, row in zip(running, logits)]
             seconds = time.perf_counter() - clock
             for i, token, row in zip(running, chosen, logits):
@@ -132,28 +84,3 @@ def run(model: Model, requests: list[Request], pool: PagePool, max_batch_size: i
     finally:
         for cache in caches.values():
             pool.release(cache)
-
-
-def generate_batch(model: Model, prompts, max_new_tokens=40, *, temperature=0.0, top_k=None, top_p=None,
-                   seed=None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
-                   max_batch_size: int | None = None, kv_cache_tokens: int | None = None) -> list[GenerationResult]:
-    """Generate for every prompt (a list of token-id lists), decoding up to `max_batch_size` of them
-    together (default: all). Returns the results in prompt order.
-
-    Each of max_new_tokens, temperature, top_k, top_p, seed and stop is one value for all prompts or a
-    list with one per prompt. An int seed gives every prompt its own generator seeded with it, as
-    if it were generated alone. A step's wall time counts for every token it produced. The keys and
-    values of all sequences share a pool of kv_cache_tokens positions (default: max_batch_size whole
-    contexts; at most one per prompt); sequences are preempted and recomputed when it runs short (see
-    the module docstring).
-    With the exact kernels, result i equals generate(model, prompts[i], ...) with prompt i's options.
-    """
-    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   stop=stop, stop_at_eos=stop_at_eos, top_logprobs=top_logprobs)
-    requests = make_requests(model, prompts, options)
-    max_batch_size = max(1, len(requests)) if max_batch_size is None else check_int(max_batch_size, "max_batch_size", 1)
-    pool = new_pool(model, requests, max_batch_size, kv_cache_tokens)
-    results: list[GenerationResult | None] = [None] * len(requests)
-    for i, result in run(model, requests, pool, max_batch_size):
-        results[i] = result
-    return results

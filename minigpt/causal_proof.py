@@ -1,29 +1,27 @@
 """The causal-mask proof: why a KV cache can be exact, run as an experiment, bit for bit.
 
-`prove` runs both generation loops of minigpt.generate side by side on a real model and checks, on
-the bits, every claim of the argument in docs/exactness.md: old positions never change, masked
-weights are +0.0, unseen tokens reach no earlier position, and the cached loop computes the naive
-loop's numbers. It returns the verdicts as data; `python -m minigpt prove` (minigpt.cli.prove)
-prints them.
+`prove` runs both generation loops side by side on a real model, the naive one on gpt2.forward and
+the cached one on kv_cache.forward_cached, and checks, on the bits, every claim of the argument in
+docs/exactness.md: old positions never change, masked weights are +0.0, unseen tokens reach no
+earlier position, and the cached loop computes the naive loop's numbers. What each layer computed
+is read from tracing.traced_forward, whose logits are checked to be bitwise the two forwards'
+own. It returns the verdicts as data; `python -m minigpt prove` (minigpt.cli.prove) prints them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 
 from .config import GPT2Config
 from .cost import token_counts
-from .errors import check_int
-from .generate import Step, steps
-from .kernels import FAST
-from .kv_cache import KVCache
-from .layers import merge_heads
-from .model import Model, Trace
-from .sequence import Sequence, make_request, prepare_prompt
+from .gpt2 import GPT2, forward
+from .kv_cache import KVCache, forward_cached, new_cache
+from .layers import FAST, merge_heads
+from .sequence import check_finite
+from .tracing import Trace, traced_forward
 
 # The four checks, numbered 1 to 4 in docs/exactness.md, and the verdict columns of a Row: the three
 # quantities of check 1, then checks 2 to 4.
@@ -86,27 +84,23 @@ def layer_names(config: GPT2Config) -> list[str]:
     return ["embeddings", *(f"block {i}" for i in range(config.n_layer)), "ln_f"]
 
 
-def snapshot(config: GPT2Config, trace: Trace, cache: KVCache) -> dict[tuple[str, str], np.ndarray]:
-    """(layer, quantity) -> [T, width] for the T positions a forward just computed, in the order
-    it computed them: embeddings, then per block its K, V and output, then ln_f."""
-    T = trace.hidden[0].shape[0]
-    start = cache.length - T
+def snapshot(config: GPT2Config, trace: Trace) -> dict[tuple[str, str], np.ndarray]:
+    """(layer, quantity) -> [T, width] for the T positions a traced forward computed, in the order it
+    computed them: embeddings, then per block its K, V and output, then ln_f."""
     names = layer_names(config)
     snap = {(names[0], "hidden"): trace.hidden[0]}
-    keys, values = cache.read(start, cache.length)  # [n_layer, H, T, hd]
     for i, hidden in enumerate(trace.hidden[1:-1]):
-        snap[(names[i + 1], "K")] = merge_heads(keys[i])  # [H, T, hd] -> [T, C]
-        snap[(names[i + 1], "V")] = merge_heads(values[i])
+        snap[(names[i + 1], "K")] = trace.keys[i]
+        snap[(names[i + 1], "V")] = trace.values[i]
         snap[(names[i + 1], "hidden")] = hidden
     snap[(names[-1], "hidden")] = trace.hidden[-1]
     return snap
 
 
-def record_forward(model: Model, ids, cache: KVCache | None = None) -> dict[tuple[str, str], np.ndarray]:
-    """One forward (in a fresh cache unless given one), recorded: its snapshot plus ("logits", "logits")."""
-    trace, cache = Trace(), model.new_cache(len(ids)) if cache is None else cache
-    logits = model.forward(ids, cache, trace=trace)  # [T, vocab]
-    return {**snapshot(model.config, trace, cache), ("logits", "logits"): logits}
+def record_forward(gpt: GPT2, ids, cache: KVCache | None = None) -> dict[tuple[str, str], np.ndarray]:
+    """One traced forward (cache-free unless given a cache): its snapshot plus ("logits", "logits")."""
+    trace = traced_forward(gpt, ids, cache)
+    return {**snapshot(gpt.config, trace), ("logits", "logits"): trace.logits}
 
 
 def compare_snapshots(check: str, step: int, a: dict, b: dict, rows: slice) -> list[Comparison]:
@@ -144,11 +138,6 @@ class Checked:
     tokens_equal: bool  # the cached loop chose the same token at every step
 
 
-def first_new_position(loop_step: Step) -> int:
-    """The first position a loop's forward computed at this step (0 in the naive loop)."""
-    return loop_step.cache.length - loop_step.trace.hidden[0].shape[0]
-
-
 def old_positions_unchanged(step: int, now: dict, before: dict | None) -> list[Comparison]:
     """Check 1: the naive loop's snapshot `now` holds, at the positions of the step `before`, the same bits."""
     if before is None:
@@ -157,11 +146,10 @@ def old_positions_unchanged(step: int, now: dict, before: dict | None) -> list[C
     return compare_snapshots("unchanged", step, now, before, slice(0, n_before))
 
 
-def masked_weights(config: GPT2Config, step: int, loop_step: Step) -> list[Comparison]:
+def masked_weights(config: GPT2Config, step: int, trace: Trace, start: int) -> list[Comparison]:
     """Check 2: each layer's attention weights on future keys (key > query) against exact +0.0."""
-    start = first_new_position(loop_step)
     comparisons = []
-    for name, weights in zip(layer_names(config)[1:-1], loop_step.trace.attention):  # [H, T, start + T]
+    for name, weights in zip(layer_names(config)[1:-1], trace.weights):  # [H, T, start + T]
         _, T, S = weights.shape
         future = np.arange(S) > (start + np.arange(T))[:, None]  # [T, S]
         on_future = merge_heads(np.where(future, weights, np.float32(0.0)))  # [H, T, S] -> [T, H*S]
@@ -169,61 +157,73 @@ def masked_weights(config: GPT2Config, step: int, loop_step: Step) -> list[Compa
     return comparisons
 
 
-def cached_equals_naive(config: GPT2Config, step: int, naive_now: dict, naive: Step, cached: Step) -> list[Comparison]:
-    """Check 4: the positions the cached loop computed at this step, and its logits, against the naive loop's."""
-    new = slice(first_new_position(cached), cached.cache.length)
-    return [*compare_snapshots("cached", step, naive_now, snapshot(config, cached.trace, cached.cache), new),
-            compare("cached", step, "logits", "logits", naive.logits[None], cached.logits[None], new.stop - 1)]
+def cached_equals_naive(config: GPT2Config, step: int, naive_now: dict, cached: Trace, start: int,
+                        logits: list[np.ndarray]) -> list[Comparison]:
+    """Check 4: the positions the cached loop computed at this step against the naive loop's, and the
+    last logits row of the two forwards, [naive, cached, traced naive, traced cached], against each other."""
+    new = slice(start, start + cached.hidden[0].shape[0])
+    rows = [row[None] for row in logits]  # [1, vocab] each
+    return [*compare_snapshots("cached", step, naive_now, snapshot(config, cached), new),
+            *(compare("cached", step, "logits", "logits", rows[0], row, new.stop - 1) for row in rows[1:])]
 
 
-def check_loops(model: Model, prompt: list[int], n_steps: int) -> Checked:
-    """Checks 1, 2 and 4: run the naive and the cached loop side by side, step by step."""
-    config = model.config
-
-    def loop(use_cache: bool) -> Iterator[Step]:
-        request = make_request(model, prompt, n_steps, stop_at_eos=False)
-        return steps(model, Sequence(request), use_cache=use_cache, record=True)
-
+def check_loops(gpt: GPT2, prompt: list[int], n_steps: int) -> Checked:
+    """Checks 1, 2 and 4: run the naive and the cached loop side by side, step by step, greedily, each
+    forward twice: as itself and traced."""
+    config = gpt.config
+    cache, traced_cache = (new_cache(config, len(prompt) + n_steps - 1) for _ in range(2))
+    naive_ids, cached_ids = list(prompt), list(prompt)
     comparisons, tokens, tokens_equal = [], [], True
     before = None  # the naive loop's snapshot at the step before
-    for step, (naive, cached) in enumerate(zip(loop(False), loop(True))):
-        now = snapshot(config, naive.trace, naive.cache)  # every position so far
+    for step in range(n_steps):
+        start = cache.length
+        logits = [forward(gpt, naive_ids, logits_to_keep=1)[0],
+                  forward_cached(gpt, cached_ids[start:], cache, logits_to_keep=1)[0]]
+        for row in logits:
+            check_finite(row)
+        naive = traced_forward(gpt, naive_ids, logits_to_keep=1)
+        cached = traced_forward(gpt, cached_ids[start:], traced_cache, logits_to_keep=1)
+        now = snapshot(config, naive)  # every position so far
         comparisons += old_positions_unchanged(step, now, before)
-        comparisons += masked_weights(config, step, naive) + masked_weights(config, step, cached)
+        comparisons += masked_weights(config, step, naive, 0) + masked_weights(config, step, cached, start)
         if tokens_equal:  # after a different token the two loops continue different sequences
-            comparisons += cached_equals_naive(config, step, now, naive, cached)
-            tokens_equal = naive.token == cached.token
-        tokens.append(naive.token)
+            comparisons += cached_equals_naive(config, step, now, cached, start,
+                                               logits + [naive.logits[0], cached.logits[0]])
+        naive_token, cached_token = (int(np.argmax(row)) for row in logits)
+        tokens_equal = tokens_equal and naive_token == cached_token
+        naive_ids.append(naive_token)
+        cached_ids.append(cached_token)
+        tokens.append(naive_token)
         before = now
     return Checked(tuple(comparisons), tuple(tokens), tokens_equal)
 
 
-def check_causality(model: Model, prompt: list[int], tokens: tuple[int, ...]) -> list[Comparison]:
+def check_causality(gpt: GPT2, prompt: list[int], tokens: tuple[int, ...]) -> list[Comparison]:
     """Check 3 on the full sequence prompt + tokens: for each step s, replace every token from
     position n = P + s on (what step s has not seen yet) with another, drawn at random (seed 0),
     and compare every position before n.
 
     Returns no comparisons when the vocabulary has a single token (nothing to change it to).
     """
-    config, rng = model.config, np.random.default_rng(0)
+    config, rng = gpt.config, np.random.default_rng(0)
     if config.vocab_size < 2:
         return []
 
     ids = np.asarray([*prompt, *tokens])
-    reference = record_forward(model, ids)
+    reference = record_forward(gpt, ids)
     comparisons = []
     for step, n in enumerate(range(len(prompt), len(ids))):
         changed = ids.copy()
         changed[n:] = (ids[n:] + rng.integers(1, config.vocab_size, len(ids) - n)) % config.vocab_size
         before_n = {key: a[:n] for key, a in reference.items()}
-        comparisons += compare_snapshots("causal", step, record_forward(model, changed), before_n, slice(0, n))
+        comparisons += compare_snapshots("causal", step, record_forward(gpt, changed), before_n, slice(0, n))
     return comparisons
 
 
-def check_all(model: Model, prompt: list[int], n_steps: int) -> Checked:
+def check_all(gpt: GPT2, prompt: list[int], n_steps: int) -> Checked:
     """Checks 1 to 4 with the model's kernels."""
-    loops = check_loops(model, prompt, n_steps)
-    causal = check_causality(model, prompt, loops.tokens)  # 3
+    loops = check_loops(gpt, prompt, n_steps)
+    causal = check_causality(gpt, prompt, loops.tokens)  # 3
     return dataclasses.replace(loops, comparisons=loops.comparisons + tuple(causal))
 
 
@@ -291,13 +291,12 @@ class Proof:
         return all(verdicts) and self.drifts[0].tokens_equal
 
 
-def prove(model: Model, prompt_ids, n_steps: int = 8) -> Proof:
-    """Run every check with the model's kernels and, for contrast, measure the fast kernels' drift."""
-    n_steps = check_int(n_steps, "n_steps", 2)  # the proof compares consecutive steps
-    prompt = prepare_prompt(model, prompt_ids, n_steps)
-    checked = check_all(model, prompt, n_steps)
-    drifts = [drift_of(model.kernels.name, checked)]
-    if model.kernels is not FAST:
-        drifts.append(drift_of(FAST.name, check_all(dataclasses.replace(model, kernels=FAST), prompt, n_steps)))
-    return Proof(model.kernels.name, len(prompt), n_steps, checked.tokens, rows_of(model.config, checked.comparisons),
+def prove(gpt: GPT2, prompt: list[int], n_steps: int = 8) -> Proof:
+    """Run every check with the model's kernels and, for contrast, measure the fast kernels' drift.
+    The prompt (checked ids) and the steps fit the context; n_steps >= 2 (checks compare consecutive steps)."""
+    checked = check_all(gpt, prompt, n_steps)
+    drifts = [drift_of(gpt.kernels.name, checked)]
+    if gpt.kernels is not FAST:
+        drifts.append(drift_of(FAST.name, check_all(dataclasses.replace(gpt, kernels=FAST), prompt, n_steps)))
+    return Proof(gpt.kernels.name, len(prompt), n_steps, checked.tokens, rows_of(gpt.config, checked.comparisons),
                  work_of(len(prompt), n_steps), tuple(drifts))

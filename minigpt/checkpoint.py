@@ -14,6 +14,7 @@ random checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import defaultdict
@@ -22,10 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import GPT2Config, config_from_dict, config_to_dict
-from .errors import CheckpointError, UnsafeCheckpointError
+from .checks import check_config
+from .config import GPT2Config
+from .errors import CheckpointError, ConfigError, UnsafeCheckpointError
 from .files import is_file, kind, list_directory
-from .params import BLOCK_TENSORS, GPT2Params, expected_shapes, params_from_tensors, params_to_tensors
+from .params import GPT2Params
+from .weights import BLOCK_TENSORS, expected_shapes, params_from_tensors, params_to_tensors
 from .safetensors_format import (
     ENCODINGS, ITEMSIZE, TensorInfo, atomic_write, read_header, read_safetensors, unique_keys, write_safetensors,
 )
@@ -38,6 +41,71 @@ PREFIX = "transformer."  # GPT2LMHeadModel's name for the GPT2Model inside it
 LM_HEAD = "lm_head.weight"
 MASK_BUFFERS = ("attn.bias", "attn.masked_bias")  # per layer, in files of old transformers versions: not weights
 HF_METADATA = {"format": "pt"}  # what save_pretrained puts in every safetensors header
+
+
+# Activations that are GPT-2's tanh-approximated GELU under their Hugging Face names.
+TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh")
+
+
+def config_from_dict(d: object, source: str = "config.json") -> GPT2Config:
+    """Read a Hugging Face GPT-2 config.json (already parsed); reject fields that change the math."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(d).__name__}")
+    model_type = d.get("model_type", "gpt2")
+    if model_type != "gpt2":
+        raise ConfigError(f"{source}: field 'model_type' is {model_type!r}; minigpt runs GPT-2 ('gpt2') only")
+    activation = d.get("activation_function", "gelu_new")
+    if activation not in TANH_GELU_NAMES:
+        raise ConfigError(
+            f"{source}: field 'activation_function' is {activation!r}; GPT-2 uses {TANH_GELU_NAMES[0]!r}"
+        )
+    n_inner, n_embd = d.get("n_inner"), d.get("n_embd")
+    if n_inner is not None and not (isinstance(n_embd, int) and n_inner == 4 * n_embd):
+        raise ConfigError(f"{source}: field 'n_inner' is {n_inner!r}; GPT-2's MLP is 4 * n_embd wide (null)")
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if d.get(flag):
+            raise ConfigError(f"{source}: field {flag!r} is set; minigpt implements the original GPT-2 only")
+    if d.get("scale_attn_weights") is False:
+        raise ConfigError(f"{source}: field 'scale_attn_weights' is false; GPT-2 scales by 1/sqrt(head_dim)")
+    fields = {}
+    for field in dataclasses.fields(GPT2Config):
+        key = field.name
+        if key == "n_positions" and key not in d and "n_ctx" in d:
+            key = "n_ctx"  # the oldest GPT-2 configs call it n_ctx
+        if key in d:
+            fields[field.name] = d[key]
+        elif field.name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            raise ConfigError(f"{source}: missing field {field.name!r}")
+    eos, vocab = fields.get("eos_token_id"), fields.get("vocab_size")
+    if isinstance(eos, int) and isinstance(vocab, int) and eos >= vocab:
+        fields["eos_token_id"] = None  # transformers' default 50256 in a smaller test vocabulary: no such token
+    try:
+        return check_config(GPT2Config(**fields))
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def config_to_dict(config: GPT2Config) -> dict:
+    """The config.json Hugging Face writes for this config (fields transformers needs to load it)."""
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "vocab_size": config.vocab_size,
+        "n_positions": config.n_positions,
+        "n_ctx": config.n_positions,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": None,
+        "layer_norm_epsilon": config.layer_norm_epsilon,
+        "bos_token_id": config.eos_token_id,
+        "eos_token_id": config.eos_token_id,  # null when the vocabulary has no <|endoftext|>
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "tie_word_embeddings": True,
+    }
 
 
 @dataclass(frozen=True)

@@ -1,55 +1,20 @@
-"""The two places where floating-point order is decided: matrix products and attention.
+"""Exact kernels: matrix products and attention whose every row has the same bits whatever else is
+computed with it, so that the cache, batching, paging and speculation change no bit (part 4).
 
-Two kernel sets share one model code path (docs/exactness.md, docs/batching.md):
+`EXACT` replaces layers.FAST's two order-sensitive operations. In short (docs/exactness.md tells
+the whole argument, with its measurements):
 
-- `EXACT` (the default) is *batch-invariant*: every output row is computed by the same sequence of
-  floating-point operations whether it is computed alone (a decode step), with the other rows of
-  its sequence (a prefill, the naive loop), with other sequences' rows (a batch), or with draft
-  tokens (a speculative verification), and whatever the BLAS thread count.
-- `FAST` is what everyone writes: one BLAS matrix product for all rows and a softmax over all keys
-  at once. Its rows drift in the last bits with the row count and the thread count.
-
-How EXACT is built (weights are stored [n_out, n_in], so an output is a contiguous weight row):
-
-1. Matrix-vector products only. NumPy sends a product with one row to BLAS's gemv and one with
-   several rows to gemm, and gemm's rounding can depend on how many rows it gets. `exact_linear`
-   never calls gemm: each row is multiplied on its own. A row's result then depends only on that
-   row and the weights, never on what else is in the batch. This needs nothing from BLAS but that
-   the same call on the same data gives the same answer.
-2. Every gemv call produces a multiple of `alignment()` outputs: of 64 and of four times the thread
-   count. The thread count enters through one door: OpenBLAS splits a large gemv's outputs between
-   its threads at ceil(n / threads), and its kernel computes outputs four at a time, with
-   different code for a leftover one, two or three. A split at an output that is not a multiple
-   of four moves outputs between those code paths (that is why the LM head's 50,257 logits used to
-   change with the thread count). With aligned calls every share is a multiple of four, so every
-   output takes the four-at-a-time path: its arithmetic is the same whichever call, block or
-   thread computes it. The last outputs go through a zero-padded copy of their weights. minigpt
-   reads the thread count the way OpenBLAS does, from the environment at start-up (`threads`); a
-   program that changes OpenBLAS's count at run time (threadpoolctl) must keep it at 1, 2, 4, 8
-   or 16, where 64 outputs already divide evenly.
-3. Because an output's arithmetic does not depend on the call that computes it, the weights can be
-   cut into blocks for speed, differently for different row counts. Few rows (a decode step, a
-   speculative verification): blocks of up to 16 MB, which stay in the L3 cache from one row to
-   the next, each row one gemv per block that BLAS splits between its threads. Many rows (a
-   batch, a prefill): L2-sized blocks, each multiplied by every row while it is in cache, the
-   blocks shared between minigpt's own worker threads (each call small enough for BLAS to run it
-   on the calling thread). That reuse is what makes batching pay (docs/batching.md). Few rows do
-   not use minigpt's threads because BLAS's idle threads spin for a while after each call and
-   would compete with them for the cores; many rows are worth it.
-4. `exact_attention` gives query position t exactly the keys 0 .. L(t)-1, L(t) rounded up to a
-   whole page: L(t) = PAGE * (t // PAGE + 1), whatever else is in the batch. Keys after t inside
-   that page get score -inf and weight +0.0. Scores are one gemv per query over contiguous runs of
-   pages (a key's score is one dot product, the same in any run); the weighted sum of values is
-   computed page by page (16 keys). Sums over pages (the softmax's and the values') go by a fixed
-   tree of pairs over the row's own pages; when rows of different lengths share arrays (a decode
-   batch), the shorter rows' extra pages are -0.0 or +0.0, which change no bit of the sum. So the
-   arithmetic depends on t and the data only, not on what else is in the batch nor on how the
-   sequence's pages are laid out in memory: a contiguous cache and a paged one (minigpt.paging)
-   give the same bits.
-
-Everything else in the model (embeddings, LayerNorm, GELU, residual adds) is elementwise or
-reduces along one row. The property tests in tests/properties/ check all of this bit for bit, and
-tests/test_threads.py at several BLAS thread counts.
+1. `exact_linear` multiplies each row by the weights on its own, by matrix-vector products
+   (gemv), never by one matrix-matrix product (gemm), whose rounding depends on the row count.
+2. Every gemv call computes a multiple of `alignment()` outputs, so that OpenBLAS's split of a
+   call between its threads gives each thread a multiple of four: every output then takes the
+   same code path, whatever the thread count.
+3. How the weights are cut into blocks, and which thread computes a block, changes no bit; so
+   the blocks can be sized for speed.
+4. `exact_attend` lets query position t see keys 0 .. L(t)-1, L(t) rounded up to a whole page of
+   PAGE keys (keys after t get weight +0.0), scores each key by one dot product, sums each page's
+   16 terms in a fixed order and the pages by a fixed tree of pairs. A row's bits then depend on
+   its position and its data alone: not on the other rows, nor on how its keys lie in memory.
 """
 
 from __future__ import annotations
@@ -58,117 +23,34 @@ import contextvars
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import cache
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-PAGE = 16  # positions per KV page and keys per attention block; cache capacities are multiples of it
+from .layers import FAST, Kernels
+
+PAGE = 16  # keys per attention page: the unit of every sum over keys
 ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (point 2 above)
 BLOCK_ELEMENTS = 100_000  # weights per block when many rows share it: ~400 KB, inside a 1 MB L2
 L3_BLOCK_ELEMENTS = 4_000_000  # weights per block when few rows share it: 16 MB, inside a 32 MB L3
 MANY_ROWS = 8  # from this many rows on, blocks are sized for L2 and shared between minigpt's own threads
 GROUP_ROW_PAGES = 64  # query rows x pages attended together: a decode batch of short sequences is one group
 
-# A sequence's keys and values as contiguous runs of pages, in position order: [(k, v), ...],
-# each [n_head, n, head_dim] with n a multiple of PAGE (minigpt.kv_cache.KVCache.segments).
+# A sequence's keys and values as runs of positions, in order: [(k, v), ...], each [H, n, hd]; every
+# run but the last holds a whole number of pages.
 Segments = Sequence[tuple[np.ndarray, np.ndarray]]
-# What an attention kernel returns: out [H, N, hd], and per sequence its weights [H, T, start + T] or None.
-Attended = tuple[np.ndarray, list[np.ndarray | None]]
 
 
-@dataclass(frozen=True, eq=False)
-class Queries:
-    """One sequence's part of an attention call: its query rows and the keys and values they see."""
+class Queries(NamedTuple):
+    """One sequence's part of an attention call: its query rows, the last of its S positions, and
+    its keys and values of positions 0 .. S-1."""
 
-    rows: slice  # its rows in q [n_head, N, head_dim]
-    segments: Segments  # its keys and values, positions 0 .. start + T - 1 at least
-    start: int  # the position of its first query row
-
-
-@dataclass(frozen=True)
-class Kernels:
-    """A kernel set: the model calls only these two functions for anything order-sensitive.
-
-    linear(x [T, n_in], weight [n_out, n_in], bias [n_out] | None) -> [T, n_out]
-    attention(q [H, N, hd], parts: list[Queries], record) -> (out [H, N, hd], per part weights or None)
-    """
-
-    name: str
-    linear: Callable[[np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
-    attention: Callable[[np.ndarray, list[Queries], bool], Attended]
+    rows: slice  # its rows in q [H, N, hd]
+    segments: Segments
 
 
-def _softmax_rows(scores: np.ndarray) -> np.ndarray:
-    """Softmax along the last axis, in place (scores are overwritten); -inf scores become weights of
-    exactly 0.0."""
-    scores -= scores.max(axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=-1, keepdims=True)
-    return scores
-
-
-def _mask_future(scores: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Give every key after its query the score -inf, in place: scores [H, n, n_keys] of queries at
-    `positions` [n] over keys 0 .. n_keys-1. Their weights become exactly 0.0."""
-    np.copyto(scores, -np.inf, where=np.arange(scores.shape[-1]) > positions[:, None])  # mask [n, n_keys]
-    return scores
-
-
-def _cut(segments: Segments, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The first n positions of a sequence's segments, as views."""
-    parts, taken = [], 0
-    for k, v in segments:
-        if taken >= n:
-            break
-        m = min(k.shape[1], n - taken)
-        parts.append((k[:, :m], v[:, :m]))
-        taken += m
-    if taken < n:
-        raise ValueError(f"the cache segments hold {taken} positions, attention needs {n}")
-    return parts
-
-
-# ----------------------------------------------------------------------------- fast: plain BLAS
-
-
-def fast_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """x [T, n_in] @ weight.T [n_in, n_out] + bias -> [T, n_out]: picoGPT's `linear`, one gemm."""
-    y = x @ weight.T  # [T, n_in] @ [n_in, n_out] -> [T, n_out], one BLAS call for all rows
-    return y if bias is None else y + bias
-
-
-def fast_attention(q: np.ndarray, parts: list[Queries], record: bool = False) -> Attended:
-    """Causal attention as everyone writes it, one sequence at a time: all of a sequence's queries
-    against all its keys at once, in three passes.
-
-    q [H, N, hd]: the query rows of every sequence in `parts`; part p's T rows are positions
-    start .. start+T-1 and attend to its keys 0 .. start+T-1. Returns (out [H, N, hd], weights):
-    with `record`, each part's weights [H, T, start + T], else Nones. `exact_attention` has the
-    same contract.
-    """
-    out, weights = np.empty_like(q), []  # [H, N, hd]
-    for part in parts:
-        qs = q[:, part.rows]  # [H, T, hd]
-        n_head, T, head_dim = qs.shape
-        runs = _cut(part.segments, part.start + T)  # keys 0 .. start+T-1
-        # pass 1: scores, per run [H, T, hd] @ [H, hd, n], joined -> [H, T, start+T]
-        scores = np.concatenate([qs @ k.transpose(0, 2, 1) for k, _ in runs], axis=-1)
-        # pass 2: scale, hide the future, softmax along each row
-        scores /= np.float32(math.sqrt(head_dim))
-        w = _softmax_rows(_mask_future(scores, np.arange(part.start, part.start + T)))
-        # pass 3: weighted values, [H, T, n] @ [H, n, hd] per run, summed over the runs -> [H, T, hd]
-        total, at = 0, 0
-        for _, v in runs:
-            total = total + w[..., at:at + v.shape[1]] @ v
-            at += v.shape[1]
-        out[:, part.rows] = total
-        weights.append(w if record else None)
-    return out, weights
-
-
-# ------------------------------------------------------------------- exact: batch-invariant
+# ------------------------------------------------------------- exact linear maps
 
 
 @cache
@@ -265,10 +147,41 @@ def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> 
 class _Unit(NamedTuple):
     """Query rows of one sequence whose positions lie in one page: they attend to the same keys."""
 
-    part: Queries
     rows: slice  # in q
     first: int  # the position of its first row
     n_pages: int  # pages attended: keys 0 .. PAGE * n_pages - 1
+    pages: list[tuple[np.ndarray, np.ndarray]]  # those keys and values, in runs of whole pages
+
+
+def _whole_pages(segments: Segments) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """A sequence's S keys and values as runs of whole pages, each key's row contiguous (a cache's
+    are; those computed in the forward are copied): every complete page as it is, then the last,
+    incomplete page (S % PAGE keys) copied into a page of zeros. Returns (runs, S)."""
+    runs, S = [], 0
+    for k, v in segments:
+        S += k.shape[1]
+        runs.append(tuple(a if a.strides[1] == a.shape[2] * a.itemsize else np.ascontiguousarray(a) for a in (k, v)))
+    k, v = runs.pop()
+    whole = k.shape[1] - S % PAGE
+    if whole:
+        runs.append((k[:, :whole], v[:, :whole]))
+    if S % PAGE:
+        pad = np.zeros((2, k.shape[0], PAGE, k.shape[2]), np.float32)  # [k|v, H, PAGE, hd]
+        pad[0, :, :S % PAGE], pad[1, :, :S % PAGE] = k[:, whole:], v[:, whole:]
+        runs.append((pad[0], pad[1]))
+    return runs, S
+
+
+def _cut(runs: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The first n positions of runs, as views."""
+    parts, taken = [], 0
+    for k, v in runs:
+        if taken >= n:
+            break
+        m = min(k.shape[1], n - taken)
+        parts.append((k[:, :m], v[:, :m]))
+        taken += m
+    return parts
 
 
 def _groups(parts: list[Queries]) -> list[list[_Unit]]:
@@ -277,11 +190,12 @@ def _groups(parts: list[Queries]) -> list[list[_Unit]]:
     groups: list[list[_Unit]] = [[]]
     rows = pages = 0
     for part in parts:
-        stop = part.start + part.rows.stop - part.rows.start
-        edges = [part.start, *range((part.start // PAGE + 1) * PAGE, stop, PAGE), stop]
-        to_row = part.rows.start - part.start  # position -> row of q
+        runs, stop = _whole_pages(part.segments)
+        start = stop - (part.rows.stop - part.rows.start)
+        edges = [start, *range((start // PAGE + 1) * PAGE, stop, PAGE), stop]
+        to_row = part.rows.start - start  # position -> row of q
         for a, b in zip(edges, edges[1:]):
-            unit = _Unit(part, slice(a + to_row, b + to_row), a, a // PAGE + 1)
+            unit = _Unit(slice(a + to_row, b + to_row), a, a // PAGE + 1, _cut(runs, PAGE * (a // PAGE + 1)))
             if groups[-1] and (rows + b - a) * max(pages, unit.n_pages) > GROUP_ROW_PAGES:
                 groups.append([])
                 rows = pages = 0
@@ -323,7 +237,7 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     for u, a, b in zip(units, at, at[1:]):
         scores[:, a:b, PAGE * u.n_pages:] = -np.inf  # keys past the unit's own
         key = 0
-        for k, _ in _cut(u.part.segments, PAGE * u.n_pages):
+        for k, _ in u.pages:
             m = k.shape[1]
             scores[:, a:b, key:key + m] = np.matmul(k[:, None], q[:, u.rows, :, None])[..., 0]  # [H, n, m]
             key += m
@@ -331,7 +245,7 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     # pass 2: scale, hide the future, softmax. The maximum does not depend on order; the sum is
     # taken page by page (16 keys, a fixed order), then over the pages by a fixed tree.
     scores /= np.float32(math.sqrt(head_dim))
-    _mask_future(scores, pos)  # keys after each query: weight exactly 0.0
+    np.copyto(scores, -np.inf, where=np.arange(L) > pos[:, None])  # keys after each query: weight exactly 0.0
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     page_sums = scores.reshape(n_head, G, P, PAGE).sum(axis=-1)  # [H, G, P]
@@ -342,7 +256,7 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     for u, a, b in zip(units, at, at[1:]):
         partials[:, a:b, u.n_pages:] = -0.0  # pages past the unit's last add nothing
         page = 0
-        for _, v in _cut(u.part.segments, PAGE * u.n_pages):
+        for _, v in u.pages:
             p = v.shape[1] // PAGE
             w = weights[:, a:b, page * PAGE:(page + p) * PAGE].reshape(n_head, b - a, p, 1, PAGE)
             partials[:, a:b, page:page + p] = np.matmul(w, v.reshape(n_head, 1, p, PAGE, head_dim))[..., 0, :]
@@ -353,34 +267,58 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     return weights
 
 
-def exact_attention(q: np.ndarray, parts: list[Queries], record: bool = False) -> Attended:
-    """Causal attention, each row bitwise independent of every other row and of the cache's layout.
-
-    q [H, N, hd]: the query rows of every sequence in `parts`. Returns (out [H, N, hd], weights):
-    with `record`, each part's weights [H, T, start + T], else Nones. Query position t attends to
-    keys 0 .. L(t)-1 with L(t) = PAGE * (t // PAGE + 1), whatever else is computed with it. Rows
-    go in groups of up to GROUP_ROW_PAGES rows x pages (a decode batch of short sequences in one
-    group; a long prefill, past its first pages, one page of positions per group), each group in
-    four passes (`_attend`: scores, softmax, values page by page, pages added).
-    """
+def exact_attend_batch(q: np.ndarray, parts: list[Queries], record: bool = False):
+    """Causal attention for several sequences' query rows at once, each row bitwise independent of
+    every other row and of where its keys lie in memory. q [H, N, hd] -> (out [H, N, hd], and with
+    `record` each part's weights [H, T, S], else Nones). Rows go in groups of up to GROUP_ROW_PAGES
+    rows x pages (a decode batch of short sequences in one group; a long prefill, past its first
+    pages, one page of positions per group), each group in four passes (`_attend`)."""
     q = np.ascontiguousarray(q)
     out = np.empty_like(q)  # [H, N, hd]
-    weights = {id(p): np.zeros((q.shape[0], p.rows.stop - p.rows.start, p.start + p.rows.stop - p.rows.start),
-                               np.float32) for p in parts} if record else {}
+    weights = []
     for units in _groups(parts):
         w = _attend(q, units, out)  # [H, G, L]
-        if not record:
-            continue
-        g = 0  # the unit's first row in w
-        for u in units:  # each unit's rows of w into its part's [H, T, start + T]
-            n = u.rows.stop - u.rows.start
-            full = weights[id(u.part)]  # [H, T, start + T]
-            n_keys = min(w.shape[-1], full.shape[-1])
-            full[:, u.first - u.part.start:u.first - u.part.start + n, :n_keys] = w[:, g:g + n, :n_keys]
-            g += n
-    return out, [weights.get(id(p)) for p in parts]
+        if record:
+            weights.append((units, w))
+    if not record:
+        return out, [None] * len(parts)
+    full = [np.zeros((q.shape[0], p.rows.stop - p.rows.start, sum(k.shape[1] for k, _ in p.segments)), np.float32)
+            for p in parts]  # [H, T, S] each
+    row_of = {}  # q row -> (part, its row in the part)
+    for i, p in enumerate(parts):
+        row_of.update({r: (i, r - p.rows.start) for r in range(p.rows.start, p.rows.stop)})
+    for units, w in weights:
+        g = 0
+        for u in units:
+            for r in range(u.rows.start, u.rows.stop):
+                i, t = row_of[r]
+                n_keys = min(w.shape[-1], full[i].shape[-1])
+                full[i][:, t, :n_keys] = w[:, g, :n_keys]
+                g += 1
+    return out, full
 
 
-EXACT = Kernels("exact", exact_linear, exact_attention)
-FAST = Kernels("fast", fast_linear, fast_attention)
+def exact_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """layers.attend's contract, exactly: q [H, T, hd], k and v [H, S, hd] -> [H, T, hd]."""
+    return exact_attend_batch(q, [Queries(slice(0, q.shape[1]), [(k, v)])])[0]
+
+
+def exact_weights(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """The weights exact_attend gives, [H, T, S] (the values do not change them: k stands in)."""
+    return exact_attend_batch(q, [Queries(slice(0, q.shape[1]), [(k, k)])], record=True)[1][0]
+
+
+def attend_batch(kernels: Kernels, q: np.ndarray, parts: list[Queries]) -> np.ndarray:
+    """kernels.attend for several sequences' rows of q [H, N, hd], each over its own segments: the
+    exact kernel reads them where they lie, in one call; another kernel set, per sequence, joined."""
+    if kernels.attend is exact_attend:
+        return exact_attend_batch(q, parts)[0]
+    out = np.empty_like(q)
+    for p in parts:
+        k, v = (np.concatenate(a, axis=1) if len(a) > 1 else a[0] for a in zip(*p.segments))
+        out[:, p.rows] = kernels.attend(q[:, p.rows], k, v)
+    return out
+
+
+EXACT = Kernels("exact", exact_linear, exact_attend, exact_weights)
 KERNELS = {k.name: k for k in (EXACT, FAST)}

@@ -1,15 +1,10 @@
-"""The KV cache: every layer's keys and values for the positions a sequence has processed so far.
+"""The KV cache: every layer's keys and values of the positions a sequence has processed so far.
 
-Keys and values live in a *store*, [n_layer, n_head, slots, head_dim], cut into pages of PAGE = 16
-positions. A sequence's cache is a page table into that store: page i of the sequence (positions
-16i .. 16i+15) lives in the store's page `pages[i]`. `new_cache` gives one sequence a store of its
-own whose table is simply 0, 1, 2, ...: allocated once for the whole request, filled in place,
-never concatenated. A batch's sequences share one store through minigpt.paging, taking pages as
-they grow.
-
-`length` says how many positions hold real keys and values. Every slot past it holds +0.0
-(fresh pages are zeroed, rolled-back positions are zeroed again), so that what the exact attention
-kernel reads in a padded last page is the same in every run (minigpt.kernels, point 4).
+Under the causal mask an old position never attends to a new one, so its keys and values are the
+same at every step: the cache computes them once. `forward_cached` is gpt2.forward with three
+changes, marked NEW: positions continue after the cached ones, each layer stores its new keys and
+values, and attention reads all of them from the cache. The cache is allocated once for the whole
+request and filled in place, never concatenated.
 
 Sources: Inference Engineering (fanout.sh, inference-eng): "The Autoregressive Loop & Cost" (the first fix)
 and lesson 03-01, "Why Autoregressive Generation Recomputes Work" (its price in memory).
@@ -17,91 +12,61 @@ and lesson 03-01, "Why Autoregressive Generation Recomputes Work" (its price in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from .config import GPT2Config
-from .errors import InputError, check_int
-from .kernels import PAGE, Segments
-
-
-def pages_for(n_positions: int) -> int:
-    """How many pages hold n_positions positions."""
-    return -(-n_positions // PAGE)
+from .gpt2 import GPT2, embed, lm_head
+from .layers import Kernels, block
 
 
 @dataclass(eq=False)
 class KVCache:
-    """Mutable on purpose: `forward` appends to it. k, v: the store, [n_layer, n_head, slots, head_dim]."""
+    """Mutable on purpose: forward_cached appends to it."""
 
-    k: np.ndarray
-    v: np.ndarray
-    pages: list[int] = field(default_factory=list)  # the page table: store page of each sequence page
-    length: int = 0
+    k: np.ndarray  # [n_layer, H, capacity, hd]: keys of positions 0 .. capacity-1
+    v: np.ndarray  # [n_layer, H, capacity, hd]
+    length: int = 0  # positions 0 .. length-1 hold keys and values
 
     @property
     def capacity(self) -> int:
-        """Positions this sequence can hold with the pages it has."""
-        return len(self.pages) * PAGE
+        return self.k.shape[2]
 
     @property
     def nbytes(self) -> int:
-        """Bytes of keys and values this sequence's pages hold."""
-        return 2 * self.k.itemsize * self.k.shape[0] * self.k.shape[1] * self.capacity * self.k.shape[3]
+        return self.k.nbytes + self.v.nbytes
 
-    def slots(self, start: int, stop: int) -> np.ndarray:
-        """Store slots of positions start .. stop-1."""
-        positions = np.arange(start, stop)
-        return np.asarray(self.pages)[positions // PAGE] * PAGE + positions % PAGE
-
-    def runs(self, n_positions: int) -> list[tuple[int, int]]:
-        """Store slot ranges [a, b) holding positions 0 .. n_positions-1 (rounded up to whole pages):
-        consecutive store pages merged into one run."""
-        runs: list[tuple[int, int]] = []
-        for page in self.pages[:pages_for(n_positions)]:
-            a = page * PAGE
-            if runs and runs[-1][1] == a:
-                runs[-1] = (runs[-1][0], a + PAGE)
-            else:
-                runs.append((a, a + PAGE))
-        return runs
-
-    def segments(self, layer: int, runs: list[tuple[int, int]]) -> Segments:
-        """One layer's keys and values over `runs` (see `runs`), as views of the store."""
-        return [(self.k[layer][:, a:b], self.v[layer][:, a:b]) for a, b in runs]
-
-    def read(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Every layer's keys and values of positions start .. stop-1: [n_layer, n_head, stop-start, head_dim]."""
-        slots = self.slots(start, stop)
-        return self.k[:, :, slots], self.v[:, :, slots]
+    def attend(self, layer: int, start: int, kernels: Kernels) -> Callable:
+        """The attend of `layer` for new positions from `start` on: store their keys and values,
+        then attend to every key so far."""
+        def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
+            end = start + q.shape[1]
+            self.k[layer, :, start:end], self.v[layer, :, start:end] = k, v
+            return kernels.attend(q, self.k[layer, :, :end], self.v[layer, :, :end])  # keys 0 .. end-1
+        return attend
 
     def truncate(self, length: int) -> None:
-        """Forget every position from `length` on (a speculative rollback): their slots are zeroed."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
-        slots = self.slots(length, self.length)
-        self.k[:, :, slots] = 0
-        self.v[:, :, slots] = 0
+        """Forget every position from `length` on (a speculative step's rejected drafts)."""
         self.length = length
 
-
-def new_store(config: GPT2Config, n_pages: int) -> tuple[np.ndarray, np.ndarray]:
-    """Zeroed keys and values for n_pages pages. np.zeros maps fresh memory lazily: untouched pages
-    of a large store cost no RAM."""
-    shape = (config.n_layer, config.n_head, n_pages * PAGE, config.head_dim)
-    return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    def copy(self) -> KVCache:
+        """An independent cache holding the same positions: a fork, to continue two ways."""
+        return KVCache(self.k.copy(), self.v.copy(), self.length)
 
 
-def new_cache(config: GPT2Config, capacity: int | None = None) -> KVCache:
-    """An empty cache with a store of its own for `capacity` positions, 1 .. n_positions (default: the
-    whole context), rounded up to whole pages."""
-    if not isinstance(config, GPT2Config):
-        raise InputError(f"new_cache takes the model's GPT2Config (model.config), got {type(config).__name__}; "
-                         "or call model.new_cache(capacity)")
-    capacity = config.n_positions if capacity is None else check_int(capacity, "capacity", 1)
-    if capacity > config.n_positions:
-        raise InputError(f"capacity must be at most the model's context of {config.n_positions} positions "
-                         f"(n_positions), got {capacity}")
-    n_pages = pages_for(capacity)
-    return KVCache(*new_store(config, n_pages), list(range(n_pages)))
+def new_cache(config: GPT2Config, capacity: int) -> KVCache:
+    """An empty cache for `capacity` positions (np.zeros maps memory lazily: untouched positions cost no RAM)."""
+    shape = (config.n_layer, config.n_head, capacity, config.head_dim)
+    return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+
+
+def forward_cached(gpt: GPT2, ids, cache: KVCache, logits_to_keep: int = 0) -> np.ndarray:
+    """Logits for T new token ids after the cache's positions, whose keys and values are appended to it."""
+    start = cache.length
+    x = embed(gpt.params, ids, start)  # NEW: positions start .. start+T-1
+    for layer, p in enumerate(gpt.params.h):
+        x = block(x, p, gpt.config, cache.attend(layer, start, gpt.kernels), gpt.kernels.linear)  # NEW
+    cache.length = start + len(ids)  # NEW
+    return lm_head(gpt, x, logits_to_keep)

@@ -1,40 +1,22 @@
-"""The layers of a GPT-2 block as pure functions over float32 arrays.
+"""The layers of a GPT-2 block as pure functions over float32 arrays [T, C] (T positions, C = n_embd).
 
-Each takes the activations of N positions, [N, C], and the weights of one layer (minigpt.params).
-The N rows may belong to several sequences (a batch): everything but attention treats each row
-on its own; attention keeps each sequence to its own keys and values (a `Span` per sequence).
-Order-sensitive products go through a `Kernels` set (minigpt.kernels), so that the same code runs
-with batch-invariant or with plain BLAS arithmetic.
-
-On a first reading, take `kernels.linear` as x @ w.T + b (kernels.fast_linear, picoGPT's `linear`)
-and `kernels.attention` as a masked softmax over each sequence's keys (kernels.fast_attention);
-the cache that a `Span` writes into comes with minigpt.kv_cache, the exact kernels after it.
+Two operations decide the order of floating-point sums, and so the last bits of the results: the
+linear map and attention. They are passed in as a `Kernels` set; `FAST` holds the plain NumPy ones
+below, and minigpt.kernels has `EXACT`, which gives every row the same bits whatever else is
+computed with it (docs/exactness.md).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .kernels import Kernels, Queries
-from .kv_cache import KVCache
+from .config import GPT2Config
 from .params import MLP, Attention, Block, LayerNorm
 
 GELU_C = math.sqrt(2.0 / math.pi)  # a Python float: NEP 50 keeps float32 arrays float32
-
-
-@dataclass(frozen=True, eq=False)
-class Span:
-    """One sequence's part of a forward: its rows of the activations, the cache it continues, and
-    where its new keys and values go (computed once per forward, used by every layer)."""
-
-    rows: slice  # its rows in the [N, C] activations
-    cache: KVCache
-    start: int  # its first new position (= the cache's length before the forward)
-    slots: np.ndarray  # store slots of the new positions [T]
-    runs: list[tuple[int, int]]  # store slot ranges of positions 0 .. start+T-1, in whole pages
 
 
 def layer_norm(x: np.ndarray, p: LayerNorm, eps: float) -> np.ndarray:
@@ -50,52 +32,68 @@ def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * x * x * x)))
 
 
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """x [T, n_in] @ weight.T [n_in, n_out] + bias -> [T, n_out]: one BLAS product for all rows."""
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+def attention_weights(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """softmax(q k^T / sqrt(head_dim)) under the causal mask: q [H, T, hd], k [H, S, hd] -> [H, T, S].
+
+    The T queries are the last T of the S positions: query i is position S - T + i and sees the
+    keys 0 .. S - T + i; a later key gets the score -inf, so its weight is exactly 0.
+    """
+    T, S = q.shape[1], k.shape[1]
+    scores = q @ k.transpose(0, 2, 1) / np.float32(math.sqrt(q.shape[-1]))  # [H, T, S]
+    scores[:, np.arange(S) > np.arange(S - T, S)[:, None]] = -np.inf  # the future: key > query
+    scores -= scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores)
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Causal attention: each query's weighted sum of the values it sees, [H, T, hd]."""
+    return attention_weights(q, k) @ v  # [H, T, S] @ [H, S, hd] -> [H, T, hd]
+
+
+class Kernels(NamedTuple):
+    """The order-sensitive operations a forward calls; another set can replace them."""
+
+    name: str
+    linear: Callable  # (x [T, n_in], weight [n_out, n_in], bias [n_out] | None) -> [T, n_out]
+    attend: Callable  # (q [H, T, hd], k [H, S, hd], v [H, S, hd]) -> [H, T, hd]
+    weights: Callable  # (q [H, T, hd], k [H, S, hd]) -> [H, T, S], the weights `attend` uses
+
+
+FAST = Kernels("fast", linear, attend, attention_weights)  # what everyone writes; not batch-invariant
+
+
 def split_heads(x: np.ndarray, n_head: int) -> np.ndarray:
     T, C = x.shape
-    return x.reshape(T, n_head, C // n_head).transpose(1, 0, 2)  # [T, C] -> [n_head, T, head_dim]
+    return x.reshape(T, n_head, C // n_head).transpose(1, 0, 2)  # [T, C] -> [H, T, hd]
 
 
 def merge_heads(x: np.ndarray) -> np.ndarray:
-    n_head, T, head_dim = x.shape
-    return x.transpose(1, 0, 2).reshape(T, n_head * head_dim)  # [n_head, T, head_dim] -> [T, C]
+    H, T, hd = x.shape
+    return x.transpose(1, 0, 2).reshape(T, H * hd)  # [H, T, hd] -> [T, C]
 
 
-def attention(x, p: Attention, n_head: int, layer: int, spans: list[Span], kernels: Kernels, record=False):
-    """Causal self-attention for the new positions of every sequence in the batch.
-
-    Each sequence's keys and values are written into its cache at its new positions; its queries
-    then attend to its keys from position 0 on, and to nothing of the other sequences.
-    Returns the output [N, C] and, with `record`, each sequence's attention weights [n_head, T, start+T].
-    """
-    qkv = kernels.linear(x, p.c_attn.weight, p.c_attn.bias)  # [N, C] -> [N, 3C]
-    q, k, v = (split_heads(a, n_head) for a in np.split(qkv, 3, axis=-1))  # 3 x [n_head, N, head_dim]
-    store_keys_values(spans, layer, k, v)
-    parts = [Queries(s.rows, s.cache.segments(layer, s.runs), s.start) for s in spans]
-    out, weights = kernels.attention(q, parts, record)  # [n_head, N, head_dim]
-    return kernels.linear(merge_heads(out), p.c_proj.weight, p.c_proj.bias), weights  # [N, C]
+def self_attention(x: np.ndarray, p: Attention, n_head: int, attend: Callable, linear: Callable) -> np.ndarray:
+    """Causal self-attention, [T, C] -> [T, C]. `attend(q, k, v)` is given the new positions' queries,
+    keys and values and decides which keys they see: these alone, or with a cache's (minigpt.kv_cache)."""
+    q, k, v = np.split(linear(x, p.c_attn.weight, p.c_attn.bias), 3, axis=-1)  # [T, 3C] -> 3 x [T, C]
+    out = attend(split_heads(q, n_head), split_heads(k, n_head), split_heads(v, n_head))  # [H, T, hd]
+    return linear(merge_heads(out), p.c_proj.weight, p.c_proj.bias)  # [T, C]
 
 
-def store_keys_values(spans: list[Span], layer: int, k: np.ndarray, v: np.ndarray) -> None:
-    """Write each sequence's new keys and values (rows of k, v [n_head, N, head_dim]) into its cache:
-    one scatter per store, since a batch's sequences share their pool's."""
-    by_store: dict[int, list[Span]] = {}
-    for s in spans:
-        by_store.setdefault(id(s.cache.k), []).append(s)
-    for group in by_store.values():
-        slots = np.concatenate([s.slots for s in group])
-        rows = np.concatenate([np.arange(s.rows.start, s.rows.stop) for s in group])
-        group[0].cache.k[layer][:, slots] = k[:, rows]  # [n_head, slots, head_dim]
-        group[0].cache.v[layer][:, slots] = v[:, rows]
+def mlp(x: np.ndarray, p: MLP, linear: Callable) -> np.ndarray:
+    h = gelu(linear(x, p.c_fc.weight, p.c_fc.bias))  # [T, C] -> [T, 4C]
+    return linear(h, p.c_proj.weight, p.c_proj.bias)  # [T, 4C] -> [T, C]
 
 
-def mlp(x: np.ndarray, p: MLP, kernels: Kernels) -> np.ndarray:
-    h = gelu(kernels.linear(x, p.c_fc.weight, p.c_fc.bias))  # [N, C] -> [N, 4C]
-    return kernels.linear(h, p.c_proj.weight, p.c_proj.bias)  # [N, 4C] -> [N, C]
-
-
-def block(x, p: Block, n_head: int, eps: float, layer: int, spans: list[Span], kernels: Kernels, record=False):
-    """One transformer block, pre-LayerNorm with residual connections: [N, C] -> [N, C]."""
-    a, weights = attention(layer_norm(x, p.ln_1, eps), p.attn, n_head, layer, spans, kernels, record)
-    x = x + a
-    x = x + mlp(layer_norm(x, p.ln_2, eps), p.mlp, kernels)
-    return x, weights
+def block(x: np.ndarray, p: Block, config: GPT2Config, attend: Callable, linear: Callable) -> np.ndarray:
+    """One transformer block, pre-LayerNorm with residual connections: [T, C] -> [T, C]."""
+    eps = config.layer_norm_epsilon
+    x = x + self_attention(layer_norm(x, p.ln_1, eps), p.attn, config.n_head, attend, linear)
+    return x + mlp(layer_norm(x, p.ln_2, eps), p.mlp, linear)

@@ -26,8 +26,8 @@ from .errors import CheckpointError, InputError, ModelNotFoundError, OfflineErro
 from .files import is_file, kind
 from .kernels import KERNELS
 from .model import Model
-from .params import random_params
 from .tokenizer import GPT2_VOCAB_SIZE, gpt2_tokenizer
+from .weights import random_params
 
 HUB_ALIASES = {
     "gpt2": "openai-community/gpt2",

@@ -1,33 +1,56 @@
-"""Paged KV memory: one preallocated pool of 16-position pages shared by a batch's sequences.
+"""Paged KV memory and the batched forward: one pool of 16-position pages shared by many sequences.
 
 A cache that reserves a sequence's whole context up front (kv_cache.new_cache) wastes the memory
 of every token the sequence never reaches. Serving engines (vLLM's PagedAttention) cut the memory
 into fixed-size pages instead: each sequence holds a page table, takes a page when it grows past
-the last one, and gives all of them back when it finishes or is preempted. Nothing is reserved for
-tokens not yet generated (docs/paging.md).
+its last one, and gives all of them back when it finishes or is preempted (docs/paging.md).
 
-A GPU kernel follows the page table page by page. NumPy can only multiply arrays it can address
-with strides, so minigpt's attention reads a sequence's keys in *runs* of consecutive pages, one
-view per run (KVCache.runs); the exact kernel's arithmetic does not depend on where the runs break
-(minigpt.kernels, point 4). The pool therefore places pages so that sequences stay in few runs:
-a growing sequence takes the page right after its last one when it is free, and a new run starts
-in the middle of the largest free gap, leaving room on both sides to grow into.
+`forward_batch` runs several sequences' new positions through the weights together, each
+attending to its own keys and values only. The exact kernels read a sequence's keys in place, in
+runs of consecutive pages (PagedCache.segments); their bits do not depend on where the runs break
+(minigpt.kernels, point 4), so a paged, batched sequence gets bitwise gpt2.forward's logits. The
+pool places pages so that sequences stay in few runs: a growing sequence takes the page right
+after its last one when it is free, and a new run starts in the middle of the largest free gap.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
+from dataclasses import dataclass, field
+from typing import Callable
+
 import numpy as np
 
 from .config import GPT2Config
-from .kernels import PAGE
-from .kv_cache import KVCache, new_store, pages_for
+from .gpt2 import GPT2, embed, lm_head
+from .kernels import PAGE, Queries, Segments, attend_batch
+from .kv_cache import KVCache
+from .layers import Kernels, block
+
+
+def pages_for(n_positions: int) -> int:
+    """How many pages hold n_positions positions."""
+    return -(-n_positions // PAGE)
+
+
+def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
+    """float32 zeros whose memory the kernel commits 4 KiB at a time, as it is first written: an
+    anonymous mapping with transparent huge pages turned off, so that writing one KV page of a
+    large pool costs that page, not a 2 MiB huge page per (layer, head) slab."""
+    count = math.prod(shape)
+    memory = mmap.mmap(-1, max(4 * count, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, np.float32, count).reshape(shape)
 
 
 class PagePool:
     """n_pages pages of keys and values for every layer, and which of them are free."""
 
     def __init__(self, config: GPT2Config, n_pages: int):
-        self.k, self.v = new_store(config, n_pages)  # [n_layer, n_head, n_pages * PAGE, head_dim]
+        shape = (config.n_layer, config.n_head, n_pages * PAGE, config.head_dim)
+        self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)  # [n_layer, H, n_pages * PAGE, hd]
         self.free = np.ones(n_pages, bool)
         self.peak_in_use = 0
 
@@ -44,11 +67,11 @@ class PagePool:
         """Bytes of keys and values one page holds."""
         return (self.k.nbytes + self.v.nbytes) // self.n_pages
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self) -> PagedCache:
         """An empty cache whose pages will come from this pool."""
-        return KVCache(self.k, self.v, [])
+        return PagedCache(self)
 
-    def grow(self, cache: KVCache, n_positions: int) -> bool:
+    def grow(self, cache: PagedCache, n_positions: int) -> bool:
         """Give `cache` pages until it holds n_positions positions. All or nothing: False, and no
         page taken, when the pool has too few free pages."""
         needed = pages_for(n_positions) - len(cache.pages)
@@ -61,20 +84,19 @@ class PagePool:
         self.peak_in_use = max(self.peak_in_use, self.in_use)
         return True
 
-    def release(self, cache: KVCache) -> None:
+    def release(self, cache: PagedCache) -> None:
         """Give all of a cache's pages back to the pool; the cache is empty afterwards."""
         self.free[cache.pages] = True
         cache.pages, cache.length = [], 0
 
     def _take(self, wanted: int | None) -> int:
-        """A free page, zeroed: `wanted` if it is free, else the middle of the largest free gap
-        (its start when the gap begins the pool)."""
+        """A free page: `wanted` if it is free, else the middle of the largest free gap (its start
+        when the gap begins the pool). It may hold another sequence's old keys: no kernel reads a
+        position past a sequence's length."""
         if wanted is None or wanted >= self.n_pages or not self.free[wanted]:
             start, length = largest_gap(self.free)
             wanted = start if start == 0 else start + length // 2
         self.free[wanted] = False
-        self.k[:, :, wanted * PAGE:(wanted + 1) * PAGE] = 0  # a page comes back holding another sequence's keys
-        self.v[:, :, wanted * PAGE:(wanted + 1) * PAGE] = 0
         return wanted
 
 
@@ -84,3 +106,79 @@ def largest_gap(free: np.ndarray) -> tuple[int, int]:
     starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     i = int(np.argmax(stops - starts))
     return int(starts[i]), int(stops[i] - starts[i])
+
+
+@dataclass(eq=False)
+class PagedCache:
+    """One sequence's keys and values in a pool: page i of the sequence (positions 16i .. 16i+15)
+    lives in the pool's page pages[i]."""
+
+    pool: PagePool
+    pages: list[int] = field(default_factory=list)  # the page table
+    length: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return len(self.pages) * PAGE
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.pages) * self.pool.page_bytes
+
+    def slots(self, start: int, stop: int) -> np.ndarray:
+        """The pool slots of positions start .. stop-1."""
+        positions = np.arange(start, stop)
+        return np.asarray(self.pages)[positions // PAGE] * PAGE + positions % PAGE
+
+    def segments(self, layer: int, n: int) -> Segments:
+        """`layer`'s keys and values of positions 0 .. n-1 as views of the pool, one per run of
+        consecutive pages."""
+        runs: list[list[int]] = []  # [first slot, stop slot]
+        for page in self.pages[:pages_for(n)]:
+            if runs and runs[-1][1] == page * PAGE:
+                runs[-1][1] += PAGE
+            else:
+                runs.append([page * PAGE, (page + 1) * PAGE])
+        runs[-1][1] -= pages_for(n) * PAGE - n  # the last run ends at position n
+        return [(self.pool.k[layer, :, a:b], self.pool.v[layer, :, a:b]) for a, b in runs]
+
+
+def store(cache: KVCache | PagedCache, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> Segments:
+    """Write new positions' keys and values [H, T, hd] at start .. start+T-1; return the segments of
+    every position so far."""
+    end = start + k.shape[1]
+    if isinstance(cache, KVCache):
+        cache.k[layer, :, start:end], cache.v[layer, :, start:end] = k, v
+        return [(cache.k[layer, :, :end], cache.v[layer, :, :end])]
+    slots = cache.slots(start, end)
+    cache.pool.k[layer][:, slots], cache.pool.v[layer][:, slots] = k, v
+    return cache.segments(layer, end)
+
+
+def batch_attend(layer: int, caches: list, rows: list[slice], kernels: Kernels) -> Callable:
+    """The attend of `layer` for a batch: each sequence's new keys and values stored in its cache,
+    then every sequence's queries attend to their own keys, in one call of the kernels."""
+    starts = [cache.length for cache in caches]
+
+    def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, N, hd] each
+        parts = [Queries(r, store(cache, layer, start, k[:, r], v[:, r]))
+                 for cache, r, start in zip(caches, rows, starts)]
+        return attend_batch(kernels, q, parts)  # [H, N, hd]
+    return attend
+
+
+def forward_batch(gpt: GPT2, ids_list: list, caches: list, logits_to_keep: int = 0) -> list[np.ndarray]:
+    """One forward over several sequences, each continuing its own cache (a pool's PagedCache or a
+    KVCache) with its own ids: every weight is read once for all of them (docs/batching.md).
+    Returns each sequence's logits, as forward_cached would: [T_i or logits_to_keep, vocab]."""
+    sizes = [len(ids) for ids in ids_list]
+    edges = np.cumsum([0, *sizes])
+    rows = [slice(a, b) for a, b in zip(edges, edges[1:])]
+    x = np.concatenate([embed(gpt.params, ids, cache.length) for ids, cache in zip(ids_list, caches)])  # [N, C]
+    for layer, p in enumerate(gpt.params.h):
+        x = block(x, p, gpt.config, batch_attend(layer, caches, rows, gpt.kernels), gpt.kernels.linear)  # [N, C]
+    for cache, n in zip(caches, sizes):
+        cache.length += n
+    kept = [min(n, logits_to_keep) if logits_to_keep else n for n in sizes]
+    x = x[np.concatenate([np.arange(r.stop - n, r.stop) for r, n in zip(rows, kept)])]  # [kept rows, C]
+    return np.split(lm_head(gpt, x), np.cumsum(kept)[:-1])

@@ -3,14 +3,9 @@ and the log-probabilities of the model's raw distribution that scripts ask for."
 
 from __future__ import annotations
 
-import math
-import reprlib
 from dataclasses import dataclass
-from numbers import Integral
 
 import numpy as np
-
-from .errors import InputError, check_int
 
 
 @dataclass(frozen=True)
@@ -21,29 +16,6 @@ class SamplingOptions:
     top_k: int | None = None
     top_p: float | None = None
     seed: int | None = None
-
-    def __post_init__(self) -> None:
-        t, k, p = self.temperature, self.top_k, self.top_p
-        if not 0 <= as_float(t) < float("inf"):  # NaN fails too
-            raise InputError(f"temperature must be a finite number >= 0, got {reprlib.repr(t)}")
-        if k is not None:
-            check_int(k, "top_k", 1)
-        if p is not None and not 0 < as_float(p) <= 1:
-            raise InputError(f"top_p must be a number in (0, 1], got {reprlib.repr(p)}")
-        if self.seed is not None:
-            check_int(self.seed, "seed", 0)
-
-
-def as_float(value: object) -> float:
-    """`value` as the float NumPy computes with, if it is a Python or NumPy int or float (not a bool)
-    that a float64 holds; else NaN, which fails every range check. Other numbers (Fraction, Decimal)
-    would pass a comparison and then fail inside NumPy, and so would an int beyond float64 (10**400)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Integral, float, np.floating)):
-        return math.nan
-    try:
-        return float(value)
-    except OverflowError:
-        return math.nan
 
 
 def filtered_log_probs(logits: np.ndarray, options: SamplingOptions) -> np.ndarray:

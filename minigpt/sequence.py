@@ -1,7 +1,7 @@
 """One request being generated: its checked options, its random generator, the tokens it has
 produced with their log-probabilities, and the rules that end it.
 
-Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.generate), speculative
+Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.loops), speculative
 decoding (minigpt.speculative) and batched generation (minigpt.batching). So they choose, record
 and stop alike, and a sequence's result does not depend on which loop produced it.
 
@@ -20,8 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ContextLengthError, InputError, MinigptError, check_bool, check_int
-from .model import Model, check_ids, check_model
+from .errors import ContextLengthError, NumericalError
 from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
 
 
@@ -35,6 +34,7 @@ class Request:
     eos_token_id: int | None  # the token that ends the sequence; None: none does (stop_at_eos=False)
     stop: tuple[str, ...] = ()
     top_logprobs: int = 0
+    token_bytes: Callable[[int], bytes] | None = None  # a token's text as bytes: needed to match stop strings
 
     @property
     def max_positions(self) -> int:
@@ -42,74 +42,10 @@ class Request:
         return len(self.prompt) + max(self.max_new_tokens, 1) - 1
 
 
-TRUNCATE_HINT = " or keep only the prompt's last tokens (truncate_prompt=True)"
-
-
-def with_truncate_hint(error: MinigptError, hint: str) -> MinigptError:
-    """`error` with prepare_prompt's hint replaced by `hint`: a caller names its own option (the
-    CLI's --truncate-prompt), or gives "" where it offers none (generate_batch, most commands)."""
-    if TRUNCATE_HINT not in str(error):
-        return error
-    return type(error)(str(error).replace(TRUNCATE_HINT, hint))
-
-
-def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_prompt: bool = False) -> list[int]:
-    """Check a prompt before any work: ids, lengths, and that it fits in n_positions.
-
-    An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do. With
-    `truncate_prompt`, a prompt too long to leave room for the new tokens keeps its last tokens.
-    """
-    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 0)
-    config = model.config
-    ids = check_ids(prompt_ids, config.vocab_size).tolist()
-    if not ids:
-        if config.eos_token_id is None:
-            raise InputError("the prompt is empty and this model's vocabulary has no <|endoftext|> to start from")
-        ids = [config.eos_token_id]
-    room = config.n_positions - max_new_tokens
-    if len(ids) > room:
-        if not truncate_prompt or room < 1:
-            raise context_error(config.n_positions, len(ids), max_new_tokens, TRUNCATE_HINT if room >= 1 else "")
-        ids = ids[-room:]
-    return ids
-
-
 def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
     """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
     return ContextLengthError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds the context of "
                               f"{n_positions} (n_positions); shorten them{hint}")
-
-
-def check_stop(model: Model, stop) -> tuple[str, ...]:
-    """Stop strings as a tuple of non-empty strings; they need the model's tokenizer to be matched."""
-    if stop is None:
-        return ()
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise InputError(f"stop must be a list of strings, got {stop!r}")
-    for s in stop:
-        if not s:
-            raise InputError("a stop string must not be empty")
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InputError(f"stop string {s!r} is not valid Unicode text") from None
-    if stop and model.tokenizer_loader is None:
-        raise InputError(f"stop strings need the model's tokenizer, and this model's vocabulary "
-                         f"({model.config.vocab_size} tokens) is not GPT-2's")
-    return tuple(stop)
-
-
-def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, *, temperature: float = 0.0,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
-                 truncate_prompt: bool = False) -> Request:
-    """Check everything about a request before any work is done."""
-    check_model(model)
-    sampling = SamplingOptions(temperature, top_k, top_p, seed)
-    prompt = prepare_prompt(model, prompt_ids, max_new_tokens, check_bool(truncate_prompt, "truncate_prompt"))
-    top_logprobs = check_int(top_logprobs, "top_logprobs", 0)
-    eos = model.config.eos_token_id if check_bool(stop_at_eos, "stop_at_eos") else None
-    return Request(tuple(prompt), int(max_new_tokens), sampling, eos, check_stop(model, stop), top_logprobs)
 
 
 @dataclass(frozen=True)
@@ -146,12 +82,18 @@ def incomplete_tail(data: bytes | bytearray) -> int:
     return 0
 
 
+def check_finite(logits: np.ndarray) -> None:
+    """NumericalError unless every logit is finite: finite weights too large for float32 overflow in the
+    forward, and a token cannot be chosen from NaN. One pass over the logits: what a step can afford."""
+    if not np.isfinite(logits).all():
+        raise NumericalError("the activations are not finite (NaN or infinity)")
+
+
 @dataclass(eq=False)
 class Sequence:
     """The state of one request being generated. Mutable: the loops append to it."""
 
     request: Request
-    token_bytes: Callable[[int], bytes] | None = None  # needed to match stop strings
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -181,6 +123,7 @@ class Sequence:
 
     def choose(self, logits: np.ndarray) -> int:
         """The next token from one row of logits [vocab], with this sequence's options and generator."""
+        check_finite(logits)
         return next_token(logits, self.request.sampling, self.rng)
 
     def append(self, token: int, logits: np.ndarray, seconds: float) -> None:
@@ -204,7 +147,7 @@ class Sequence:
     def _match(self, token: int) -> bool:
         """Add the token's bytes; on a stop string, cut the sequence back before it and say so."""
         before = len(self._text)
-        self._text += self.token_bytes(token)
+        self._text += self.request.token_bytes(token)
         self._ends.append(len(self._text))
         longest = max(map(len, self._stops))
         window = max(0, before - longest + 1)  # a new match must end in the new bytes
@@ -242,11 +185,6 @@ class Sequence:
         top = self.top_logprobs if self.request.top_logprobs else None
         return [StreamedToken(self.tokens[i], self.logprobs[i], None if top is None else top[i])
                 for i in range(start, self.released)]
-
-
-def new_sequence(model: Model, request: Request) -> Sequence:
-    """The sequence of a request, with the model's token bytes when it has stop strings to match."""
-    return Sequence(request, model.tokenizer.decode_single_token_bytes if request.stop else None)
 
 
 def generated_text(tokenizer, result: GenerationResult) -> str:

@@ -22,7 +22,7 @@ decoding computes there (each row's arithmetic is independent of the others, min
   a drafter without probabilities (prompt lookup) has q = one-hot. Every token is then
   distributed exactly as the model's own sample would be.
 
-The model's cache is cut back past the rejected drafts (KVCache.truncate zeroes their slots), and
+The model's cache is cut back past the rejected drafts (KVCache.truncate), and
 k adapts: it grows while all drafts are accepted, shrinks on a rejection down to 0 (plain steps),
 and after a run of plain steps a single draft is tried again, twice as long a run after each
 failed try, so that a drafter that is always wrong costs almost nothing.
@@ -37,11 +37,10 @@ from typing import Iterator, Protocol
 
 import numpy as np
 
-from .errors import ContextLengthError, InputError, check_int
-from .kv_cache import KVCache
-from .model import Model
+from .gpt2 import GPT2
+from .kv_cache import forward_cached, new_cache
 from .sampling import SamplingOptions, filtered_log_probs
-from .sequence import Sequence
+from .sequence import Sequence, check_finite
 
 MAX_NGRAM = 3  # prompt lookup tries the last 3, then 2, then 1 tokens
 MAX_WAIT = 64  # plain steps at most between two single-draft tries
@@ -84,14 +83,15 @@ class NGramDrafter:
 class ModelDrafter:
     """A smaller model that guesses with its own KV cache, one token at a time."""
 
-    def __init__(self, draft: Model, capacity: int):
+    def __init__(self, draft: GPT2, capacity: int):
         self.draft = draft
-        self.cache = draft.new_cache(capacity)
+        self.cache = new_cache(draft.config, capacity)
 
     def propose(self, ids, k, options, rng):
         tokens, q = [], []
         for _ in range(k):
-            logits = self.draft.forward([*ids, *tokens][self.cache.length:], self.cache, logits_to_keep=1)[0]
+            logits = forward_cached(self.draft, [*ids, *tokens][self.cache.length:], self.cache, logits_to_keep=1)[0]
+            check_finite(logits)
             if options.temperature == 0:
                 tokens.append(int(np.argmax(logits)))
             else:
@@ -102,27 +102,6 @@ class ModelDrafter:
 
     def accepted(self, n_positions):
         self.cache.truncate(min(self.cache.length, n_positions))
-
-
-def check_speculation(model: Model, speculate, draft_tokens: int, max_positions: int) -> Drafter:
-    """The drafter `speculate` names ("ngram", a draft Model, or any object with the Drafter
-    methods), checked against the model and the request."""
-    check_int(draft_tokens, "draft_tokens", 1)
-    if isinstance(speculate, str):
-        if speculate != "ngram":
-            raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {speculate!r}")
-        return NGramDrafter()
-    if not isinstance(speculate, Model):
-        if callable(getattr(speculate, "propose", None)) and callable(getattr(speculate, "accepted", None)):
-            return speculate
-        raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {type(speculate).__name__}")
-    if speculate.config.vocab_size != model.config.vocab_size:
-        raise InputError(f"the draft model's vocabulary has {speculate.config.vocab_size} tokens and the "
-                         f"model's {model.config.vocab_size}: a draft must share the model's vocabulary")
-    if max_positions > speculate.config.n_positions:
-        raise ContextLengthError(f"this request needs {max_positions} positions and the draft model's context "
-                                 f"holds {speculate.config.n_positions} (n_positions)")
-    return ModelDrafter(speculate, max_positions)
 
 
 def verify_greedy(logits: np.ndarray, drafts: list[int]) -> list[int]:
@@ -160,19 +139,20 @@ def verify_sampled(p: np.ndarray, q: np.ndarray | None, drafts: list[int], rng: 
     return out
 
 
-def speculative_steps(model: Model, seq: Sequence, drafter: Drafter, draft_tokens: int) -> Iterator[None]:
+def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: int) -> Iterator[None]:
     """The cached loop with drafts: each step proposes up to k tokens, checks them in one forward
     and appends the tokens it keeps to `seq`. Yields after every step."""
     request, options = seq.request, seq.request.sampling
-    cache: KVCache = model.new_cache(request.max_positions)
+    cache = new_cache(gpt.config, request.max_positions)
     k, wait, idle = draft_tokens, 1, 0
     while not seq.done:
         clock = time.perf_counter()
         ids = seq.ids
         room = request.max_new_tokens - len(seq.tokens) - 1  # drafts that can still become tokens
         drafts, q = drafter.propose(ids, min(k, room), options, seq.rng) if k and room > 0 else ([], None)
-        logits = model.forward([*ids[cache.length:], *drafts], cache, logits_to_keep=len(drafts) + 1)
+        logits = forward_cached(gpt, [*ids[cache.length:], *drafts], cache, logits_to_keep=len(drafts) + 1)
         # [n+1, vocab]: the rows after ids, after d1, ..., after dn (the first step feeds the prompt too)
+        check_finite(logits)
         if options.temperature == 0:
             chosen = verify_greedy(logits, drafts)
         else:

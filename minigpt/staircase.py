@@ -20,10 +20,10 @@ import numpy as np
 
 from .cost import Cost, estimate, gpt2_architecture
 from .errors import InputError, MinigptError, check_int
-from .generate import generate
-from .model import Model
-from .sequence import context_error, prepare_prompt
-from .tokenizer import valid_text
+from .loops import cached_steps, naive_steps
+from .gpt2 import GPT2
+from .sampling import SamplingOptions
+from .sequence import Request, Sequence, context_error
 
 OnStep = Callable[[str, int, float], None]  # (mode, tokens so far, that token's seconds)
 MODES = ("naive", "cached")
@@ -47,30 +47,31 @@ class Staircase:
         return sum(self.seconds["naive"]) / sum(self.seconds["cached"])
 
 
-def fixed_prompt(model: Model, n_tokens: int) -> list[int]:
+def fixed_prompt(gpt: GPT2, n_tokens: int) -> list[int]:
     """n_tokens arbitrary but reproducible token ids (the cost does not depend on which)."""
-    return np.random.default_rng(0).integers(model.config.vocab_size, size=n_tokens).tolist()
+    return np.random.default_rng(0).integers(gpt.config.vocab_size, size=n_tokens).tolist()
 
 
-def measure(model: Model, prompt_tokens: int, new_tokens: int, on_step: OnStep | None = None) -> Staircase:
+def measure(gpt: GPT2, prompt_tokens: int, new_tokens: int, on_step: OnStep | None = None) -> Staircase:
     """Time both loops on the same prompt; a short warm-up first so that token 1 is not a cold start.
-
-    The sizes are checked before the prompt is built and the request before the warm-up: one too
-    long for the context fails before any work.
-    """
+    The sizes are checked before any work: a request too long for the context fails at once."""
     prompt_tokens, new_tokens = check_int(prompt_tokens, "prompt_tokens", 1), check_int(new_tokens, "new_tokens", 1)
-    if prompt_tokens + new_tokens > model.config.n_positions:
-        raise context_error(model.config.n_positions, prompt_tokens, new_tokens)
-    prompt = prepare_prompt(model, fixed_prompt(model, prompt_tokens), new_tokens)
-    generate(model, prompt[:1], 1)  # the first BLAS calls, every weight's pages touched once
-    seconds = {}
-    for mode in MODES:
-        report = None if on_step is None else (lambda i, s, mode=mode: on_step(mode, i, s))
-        result = generate(model, prompt, new_tokens, use_cache=mode == "cached", stop_at_eos=False,
-                          on_step=report)
-        seconds[mode] = result.step_seconds
-    predicted = estimate(gpt2_architecture("model", model.config), prompt_tokens, new_tokens)
+    if prompt_tokens + new_tokens > gpt.config.n_positions:
+        raise context_error(gpt.config.n_positions, prompt_tokens, new_tokens)
+    prompt = fixed_prompt(gpt, prompt_tokens)
+    timed(gpt, prompt[:1], 1, "cached")  # the first BLAS calls, every weight's pages touched once
+    seconds = {mode: timed(gpt, prompt, new_tokens, mode, on_step) for mode in MODES}
+    predicted = estimate(gpt2_architecture("model", gpt.config), prompt_tokens, new_tokens)
     return Staircase(seconds, predicted)
+
+
+def timed(gpt: GPT2, prompt: list[int], new_tokens: int, mode: str, on_step: OnStep | None = None) -> list[float]:
+    """The seconds of each of new_tokens greedy steps of one loop, never stopping at <|endoftext|>."""
+    seq = Sequence(Request(tuple(prompt), new_tokens, SamplingOptions(), eos_token_id=None))
+    for _ in (cached_steps if mode == "cached" else naive_steps)(gpt, seq):
+        if on_step is not None:
+            on_step(mode, len(seq.tokens), seq.seconds[-1])
+    return seq.seconds
 
 
 def require_matplotlib() -> None:
@@ -129,8 +130,8 @@ def plot_lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], path:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
-    # the title holds a model path: "$" in it is text, not mathtext; undecodable bytes are U+FFFD
-    ax.set_title(valid_text(title), fontsize=10, parse_math=False)
+    # the title holds a model path: "$" in it is text, not mathtext
+    ax.set_title(title, fontsize=10, parse_math=False)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     try:

@@ -25,7 +25,7 @@ from minigpt.cli.common import non_negative_int, positive_int  # noqa: E402
 from minigpt.config import GPT2_SIZES  # noqa: E402
 from minigpt.errors import TokenizerError  # noqa: E402
 from minigpt.loading import EMBEDDED  # noqa: E402
-from minigpt.params import random_params  # noqa: E402
+from minigpt.weights import random_params  # noqa: E402
 from minigpt.safetensors_format import ENCODINGS  # noqa: E402
 from minigpt.tokenizer import BPE_FILE_PAIRS, find_bpe_files  # noqa: E402
 

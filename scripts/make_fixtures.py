@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from minigpt.checkpoint import save_checkpoint  # noqa: E402
 from minigpt.config import GPT2Config  # noqa: E402
-from minigpt.params import random_params  # noqa: E402
+from minigpt.weights import random_params  # noqa: E402
 
 FIXTURES_DIR = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 REFERENCE_FILE = "reference.npz"

@@ -31,13 +31,16 @@ from hypothesis import strategies as st
 
 import minigpt
 import minigpt.loading
-import minigpt.model
+import minigpt.gpt2
+import minigpt.kv_cache
+import minigpt.paging
+from minigpt.paging import PagedCache, PagePool
 from minigpt.checkpoint import save_checkpoint
 from minigpt.config import GPT2Config
-from minigpt.causal_proof import prove
+from minigpt.api import prove
 from minigpt.errors import (CheckpointError, ConfigError, ContextLengthError, InputError, MinigptError,
                             ModelNotFoundError, NumericalError, OfflineError, TokenizerError, UnsafeCheckpointError)
-from minigpt.params import params_from_tensors, params_to_tensors, random_params
+from minigpt.weights import params_from_tensors, params_to_tensors, random_params
 from minigpt.safetensors_format import read_safetensors, write_safetensors
 
 # vocab_size 50257 so that GPT-2's tokenizer works with it; everything else as small as it gets.
@@ -381,7 +384,8 @@ def no_work(monkeypatch):
     def block(*args, **kwargs):
         pytest.fail("a transformer block ran before the request was refused")
 
-    monkeypatch.setattr(minigpt.model, "block", block)
+    for module in (minigpt.gpt2, minigpt.kv_cache, minigpt.paging):  # every forward's blocks
+        monkeypatch.setattr(module, "block", block)
 
 
 ENTRY_POINTS = {
@@ -722,13 +726,19 @@ def test_the_numerical_error_names_the_lm_head_when_only_the_logits_overflow(tin
 
 
 def test_an_overflowing_forward_leaves_the_cache_as_it_was(tiny_model):
-    cache = tiny_model.new_cache()
+    """Its length is unchanged, and continuing it gives bitwise the logits of an untouched cache."""
+    cache, untouched = tiny_model.new_cache(), tiny_model.new_cache()
     tiny_model.forward([464, 3290], cache)
-    k, v = cache.k.copy(), cache.v.copy()
+    tiny_model.forward([464, 3290], untouched)
     with pytest.raises(NumericalError):
         scaled(tiny_model, 1e30, "h.1.").forward([13, 14], cache)
     assert cache.length == 2
-    assert np.array_equal(cache.k.view(np.uint32), k.view(np.uint32)) and np.array_equal(cache.v, v)
+    assert_continues_alike(tiny_model, cache, untouched)
+
+
+def assert_continues_alike(model, cache, untouched):
+    a, b = model.forward([13, 14, 15], cache), model.forward([13, 14, 15], untouched)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 # Objects from another model
@@ -755,9 +765,10 @@ def test_a_cache_from_another_model_is_refused_naming_what_does_not_fit(no_work,
 
 @pytest.mark.parametrize("cache, fault", [
     ({"k": None}, "must be a KVCache"),
-    (minigpt.KVCache(np.zeros((1, 2, 16, 4)), np.zeros((1, 2, 16, 4)), [0]), "float32 array"),
-    (minigpt.KVCache(np.zeros((1, 2, 16, 4), np.float32), np.zeros((1, 2, 16, 4), np.float32), [1]), "page table"),
-], ids=["not-a-cache", "float64-store", "page-outside-store"])
+    (minigpt.KVCache(np.zeros((1, 2, 16, 4)), np.zeros((1, 2, 16, 4))), "float32 array"),
+    (PagedCache(PagePool(model_of().config, 1), [1]), "page table"),
+    (minigpt.KVCache(np.zeros((1, 2, 16, 4), np.float32), np.zeros((1, 2, 16, 4), np.float32), 17), "length 17"),
+], ids=["not-a-cache", "float64-store", "page-outside-store", "length-past-capacity"])
 def test_a_cache_that_is_not_one_is_refused(no_work, cache, fault):
     with pytest.raises(InputError, match=fault):
         model_of().forward([464], cache)
@@ -771,9 +782,8 @@ def test_a_cache_that_is_not_one_is_refused(no_work, cache, fault):
     (10**12, "at most the model's context of 256 positions (n_positions), got 1000000000000"),
 ])
 def test_new_cache_takes_only_a_capacity_within_the_context(tiny_model, capacity, fault):
-    for make in (tiny_model.new_cache, lambda c: minigpt.new_cache(tiny_model.config, c)):
-        with pytest.raises(InputError, match=re.escape(fault)):
-            make(capacity)
+    with pytest.raises(InputError, match=re.escape(fault)):
+        tiny_model.new_cache(capacity)
 
 
 # What load, the sampling options and the pool accept
@@ -840,19 +850,15 @@ WRONG_TYPES = {  # the call, what the InputError must say
     "stream-none": (lambda m: minigpt.stream(None, [464], 1), "model must be a minigpt.Model, got NoneType"),
     "generate_batch-a-name": (lambda m: minigpt.generate_batch("random-tiny", [], 1), "got str 'random-tiny'"),
     "score-a-path": (lambda m: minigpt.score(Path("x"), [464, 13]), "load it first"),
-    "forward-config-none": (lambda m: minigpt.forward(m.params, None, m.kernels, [464]),
-                            "config must be a GPT2Config, got NoneType"),
-    "forward-kernels-a-name": (lambda m: minigpt.forward(m.params, m.config, "exact", [464]),
-                               "kernels must be a Kernels set"),
-    "forward-weights-of-another-model": (lambda m: minigpt.forward(other_model().params, m.config, m.kernels, [464]),
-                                         "tensor 'wte.weight' is ndarray float32 [50257, 8], expected float32 "
-                                         "[50257, 64]"),
+    "Model-config-none": (lambda m: minigpt.Model(None, m.params), "config must be a GPT2Config, got NoneType"),
+    "Model-weights-of-another-model": (lambda m: minigpt.Model(m.config, other_model().params),
+                                       "tensor 'wte.weight' is ndarray float32 [50257, 8], expected float32 "
+                                       "[50257, 64]"),
     "Model-weights-of-another-config": (lambda m: minigpt.Model(m.config, model_of(n_layer=1).params),
                                         "the weights have 1 layer(s) and the config 2 (n_layer)"),
     "Model-float64-weights": (lambda m: minigpt.Model(m.config, dataclasses.replace(
         m.params, wpe=m.params.wpe.astype(np.float64))), "'wpe.weight' is ndarray float64 [256, 64], expected float32"),
     "Model-kernels-a-name": (lambda m: minigpt.Model(m.config, m.params, "fast"), "kernels must be a Kernels set"),
-    "new_cache-of-a-model": (lambda m: minigpt.new_cache(m, 16), "GPT2Config (model.config), got Model"),
     "use_cache-a-string": (lambda m: minigpt.generate(m, [464], 1, use_cache="no"),
                            "use_cache must be True or False, got 'no'"),
     "stop_at_eos-none": (lambda m: minigpt.generate_batch(m, [[464]], 1, stop_at_eos=None),
@@ -864,7 +870,6 @@ WRONG_TYPES = {  # the call, what the InputError must say
                                   "a list of id sequences and a list of caches, got generator and list"),
     "forward_batch-one-cache-twice": (lambda m: m.forward_batch([[464], [13]], [c := m.new_cache(), c]),
                                       "the same cache for two sequences"),
-    "forward-trace-not-a-trace": (lambda m: m.forward([464], trace=[]), "a trace is a Trace"),
 }
 
 
@@ -894,36 +899,47 @@ def test_encode_takes_text_and_a_tokenizer(tiny_model, tokenizer, text, message)
 def test_a_cache_whose_store_cannot_hold_keys_and_values_is_refused(no_work, store, fault):
     """Each would be a silent wrong answer (values over keys, two positions in one slot) or a NumPy error."""
     k, v = np.zeros((1, 2, 32, 4), np.float32), np.zeros((1, 2, 32, 4), np.float32)
-    pages = [0, 1]
     if store == "shared":
-        v = k
+        cache = minigpt.KVCache(k, k)
     elif store == "read-only":
         k.setflags(write=False)
+        cache = minigpt.KVCache(k, v)
     else:
-        pages = [0, 0]
+        cache = PagedCache(PagePool(model_of().config, 2), [0, 0])
     with pytest.raises(InputError, match=fault):
-        model_of().forward([464], minigpt.KVCache(k, v, pages))
+        model_of().forward([464], cache)
 
 
-def test_a_forward_interrupted_midway_leaves_the_cache_as_it_was(tiny_model, monkeypatch):
-    """Ctrl-C after block 0 wrote the new keys and values: their slots are +0.0 again, as the exact
-    kernels need of every slot past the cache's length."""
-    cache = tiny_model.new_cache()
+@pytest.mark.parametrize("paged", [False, True], ids=["cache", "paged-cache"])
+def test_a_forward_interrupted_midway_leaves_the_cache_as_it_was(tiny_model, monkeypatch, paged):
+    """Ctrl-C after block 0 wrote the new keys and values: the cache's length is unchanged, and
+    continuing it gives bitwise the logits of an untouched cache (no kernel reads past the length)."""
+    def new():
+        if not paged:
+            return tiny_model.new_cache()
+        pool = PagePool(tiny_model.config, 2)
+        cache = pool.new_cache()
+        pool.grow(cache, 32)
+        return cache
+
+    cache, untouched = new(), new()
     tiny_model.forward([464, 3290], cache)
-    k, v = cache.k.copy(), cache.v.copy()
-    real_block = minigpt.model.block
+    tiny_model.forward([464, 3290], untouched)
+    real_block, blocks = minigpt.kv_cache.block, []
 
-    def block(x, p, n_head, eps, layer, *args):
-        if layer == 1:
+    def block(*args):
+        blocks.append(1)
+        if len(blocks) == 2:
             raise KeyboardInterrupt
-        return real_block(x, p, n_head, eps, layer, *args)
+        return real_block(*args)
 
-    monkeypatch.setattr(minigpt.model, "block", block)
+    for module in (minigpt.kv_cache, minigpt.paging):
+        monkeypatch.setattr(module, "block", block)
     with pytest.raises(KeyboardInterrupt):
         tiny_model.forward([13, 14], cache)
+    monkeypatch.undo()
     assert cache.length == 2
-    assert np.array_equal(cache.k.view(np.uint32), k.view(np.uint32))
-    assert np.array_equal(cache.v.view(np.uint32), v.view(np.uint32))
+    assert_continues_alike(tiny_model, cache, untouched)
 
 
 def test_bpe_tables_nested_too_deeply_are_a_tokenizer_error(tmp_path, monkeypatch):

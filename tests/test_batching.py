@@ -8,7 +8,7 @@ import re
 import pytest
 
 import minigpt
-from minigpt.batching import generate_batch, make_requests, new_pool, run
+from minigpt.api import generate_batch, make_requests, new_pool, run_batch as run
 from minigpt.errors import ContextLengthError, InputError
 from minigpt.kernels import PAGE
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minigpt.causal_proof import COLUMNS, compare, prove
+from minigpt.api import prove
+from minigpt.causal_proof import COLUMNS, compare
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
 from minigpt.cli.prove import render
@@ -21,7 +22,7 @@ from minigpt.config import GPT2Config
 from minigpt.errors import InputError
 from minigpt.kernels import EXACT, Kernels
 from minigpt import load
-from minigpt.params import random_params
+from minigpt.weights import random_params
 
 PROMPT = [464, 1332, 9335, 318]  # "The causal mask is"
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -91,7 +92,7 @@ def test_proof_fails_where_a_kernel_depends_on_how_many_rows_it_is_given(tiny_mo
     def batch_dependent(x, weight, bias):
         return EXACT.linear(x, weight, bias) + np.float32(1e-6) * np.float32(len(x))
 
-    model = dataclasses.replace(tiny_model, kernels=Kernels("batch-dependent", batch_dependent, EXACT.attention))
+    model = dataclasses.replace(tiny_model, kernels=EXACT._replace(name="batch-dependent", linear=batch_dependent))
     proof = prove(model, PROMPT, 3)
     assert not proof.holds
     block = proof.rows[1].verdicts
@@ -102,25 +103,17 @@ def test_proof_fails_where_a_kernel_depends_on_how_many_rows_it_is_given(tiny_mo
     assert "result: FAILS with the batch-dependent kernels" in rendered(proof)
 
 
-def unmasked_attention(q, parts, record=False):
-    """Attention without the causal mask (the kernel contract of minigpt.kernels.Kernels): every
+def unmasked_weights(q, k):
+    """Attention weights without the causal mask (the contract of layers.Kernels' weights): every
     query row sees all the keys of its forward, the later ones included."""
-    out, weights = np.empty_like(q), []  # [H, N, hd]
-    for part in parts:
-        qs = q[:, part.rows]  # [H, T, hd]
-        n = part.start + qs.shape[1]
-        k = np.concatenate([k for k, _ in part.segments], axis=1)[:, :n]  # [H, n, hd]
-        v = np.concatenate([v for _, v in part.segments], axis=1)[:, :n]
-        scores = qs @ k.transpose(0, 2, 1) / np.float32(np.sqrt(qs.shape[2]))  # [H, T, n]
-        w = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        w /= w.sum(axis=-1, keepdims=True)
-        out[:, part.rows] = w @ v
-        weights.append(w if record else None)
-    return out, weights
+    scores = q @ k.transpose(0, 2, 1) / np.float32(np.sqrt(q.shape[2]))  # [H, T, S]
+    w = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return w / w.sum(axis=-1, keepdims=True)
 
 
 def test_proof_fails_where_the_mask_leaks(tiny_model):
-    model = dataclasses.replace(tiny_model, kernels=Kernels("unmasked", EXACT.linear, unmasked_attention))
+    unmasked = Kernels("unmasked", EXACT.linear, lambda q, k, v: unmasked_weights(q, k) @ v, unmasked_weights)
+    model = dataclasses.replace(tiny_model, kernels=unmasked)
     proof = prove(model, PROMPT, 3)
     assert not proof.holds
     assert proof.rows[1].verdicts["masked"] is False and proof.rows[2].verdicts["causal"] is False

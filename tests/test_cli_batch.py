@@ -20,11 +20,11 @@ import pytest
 from test_cli_errors import environment
 
 import minigpt
-import minigpt.batching
+import minigpt.api
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
 from minigpt.config import GPT2Config
-from minigpt.params import random_params
+from minigpt.weights import random_params
 from minigpt.sequence import generated_text
 
 SMALL = GPT2Config(vocab_size=300, n_positions=64, n_embd=16, n_layer=2, n_head=2, eos_token_id=None)
@@ -86,10 +86,10 @@ def assert_same(output: dict, result: minigpt.GenerationResult) -> None:
 def test_lines_come_out_in_input_order_although_later_ones_finish_first(capsys, tmp_path, small, small_model):
     lines = [{"prompt_ids": [1, 2, 3], "max_new_tokens": 12}, {"prompt_ids": [4], "max_new_tokens": 2},
              {"prompt_ids": [5, 6], "max_new_tokens": 6}]
-    requests = minigpt.batching.make_requests(small_model, [line["prompt_ids"] for line in lines], dict(
+    requests = minigpt.api.make_requests(small_model, [line["prompt_ids"] for line in lines], dict(
         max_new_tokens=[line["max_new_tokens"] for line in lines], temperature=0.0, top_k=None, top_p=None,
         seed=None, stop=None, stop_at_eos=True, top_logprobs=0))
-    pool = minigpt.batching.new_pool(small_model, requests, 16, None)
+    pool = minigpt.api.new_pool(small_model, requests, 16, None)
     assert [i for i, _ in minigpt.batching.run(small_model, requests, pool, 16)] == [1, 2, 0]  # the premise
     code, outputs, err = batch(capsys, tmp_path, lines, small)
     assert code == 0, err
@@ -140,14 +140,14 @@ def test_a_tight_pool_preempts_and_every_line_still_gets_its_tokens_alone(capsys
 
 
 def test_each_line_is_written_as_soon_as_it_and_every_line_before_it_are_done(capsys, tmp_path, small, monkeypatch):
-    target, real_run, seen = tmp_path / "out.jsonl", minigpt.batching.run, []
+    target, real_run, seen = tmp_path / "out.jsonl", minigpt.api.run, []
 
     def spy(*args, **kwargs):
         for i, result in real_run(*args, **kwargs):
             yield i, result
             seen.append((i, len(target.read_text().splitlines())))  # resumed: the CLI has handled result i
 
-    monkeypatch.setattr(minigpt.batching, "run", spy)
+    monkeypatch.setattr(minigpt.api, "run", spy)
     lengths = [9, 3, 1, 6]
     code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1], "max_new_tokens": n} for n in lengths], small)
     assert code == 0, err

@@ -25,7 +25,7 @@ from test_api_errors import ALIASES, BROKEN_CHECKPOINTS, EOT, TINY, ReadError, m
 import minigpt
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
-from minigpt.params import params_from_tensors, params_to_tensors, random_params
+from minigpt.weights import params_from_tensors, params_to_tensors, random_params
 
 REPO = Path(__file__).resolve().parents[1]
 

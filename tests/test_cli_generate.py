@@ -19,7 +19,7 @@ from test_cli_errors import cli, environment
 
 import minigpt
 from minigpt.checkpoint import save_checkpoint
-from minigpt.params import params_from_tensors, params_to_tensors, random_params
+from minigpt.weights import params_from_tensors, params_to_tensors, random_params
 from minigpt.sequence import generated_text, incomplete_tail
 
 PROMPT = "The dog"

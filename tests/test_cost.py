@@ -14,10 +14,12 @@ from minigpt.cli.cost import times
 from minigpt.config import GPT2_SIZES
 from minigpt.cost import ARCHITECTURES, estimate, gpt2_architecture
 from minigpt.errors import InputError
-from minigpt.generate import steps
+import minigpt.loops
+from minigpt.loops import cached_steps, naive_steps
 from minigpt.kv_cache import new_cache
-from minigpt.params import random_params
-from minigpt.sequence import Sequence, make_request
+from minigpt.weights import random_params
+from minigpt.api import make_request
+from minigpt.sequence import Sequence
 
 GPT2 = ARCHITECTURES["gpt2"]
 LLAMA = ARCHITECTURES["llama-3-8b"]
@@ -41,18 +43,22 @@ def test_lesson_longer_requests_ratios(prompt, reply, naive, cached, ratio):
 
 
 @pytest.mark.parametrize("prompt, reply", [(1, 1), (1, 5), (4, 1), (3, 7), (17, 4)])
-def test_token_counts_are_the_positions_the_loops_feed(tiny_model, prompt, reply):
-    """Summed over the steps of minigpt's own loops: the naive loop's throwaway caches, the cached
-    loop's one cache; and the cached count is the capacity a request's cache is made for."""
-    def loop(use_cache: bool):
-        request = make_request(tiny_model, list(range(1, prompt + 1)), reply, stop_at_eos=False)
-        return request, list(steps(tiny_model, Sequence(request), use_cache=use_cache))
-
+def test_token_counts_are_the_positions_the_loops_feed(tiny_model, prompt, reply, monkeypatch):
+    """Summed over the forwards of minigpt's own loops; and the cached count is the capacity a
+    request's cache is made for."""
+    fed = []
+    for name in ("forward", "forward_cached"):
+        def counted(gpt, ids, *args, real=getattr(minigpt.loops, name), **kwargs):
+            fed.append(len(ids))
+            return real(gpt, ids, *args, **kwargs)
+        monkeypatch.setattr(minigpt.loops, name, counted)
+    request = make_request(tiny_model, list(range(1, prompt + 1)), reply, stop_at_eos=False)
     c = estimate(gpt2_architecture("tiny", tiny_model.config), prompt, reply)
-    _, naive = loop(False)
-    request, cached = loop(True)
-    assert sum(step.cache.length for step in naive) == c.naive_tokens
-    assert cached[-1].cache.length == c.cached_tokens == request.max_positions
+    list(naive_steps(tiny_model, Sequence(request)))
+    assert sum(fed) == c.naive_tokens
+    fed.clear()
+    list(cached_steps(tiny_model, Sequence(request)))
+    assert sum(fed) == c.cached_tokens == request.max_positions
 
 
 def test_a_one_token_reply_costs_the_same_in_both_loops():

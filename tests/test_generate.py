@@ -9,10 +9,12 @@ import pytest
 
 import minigpt
 from minigpt.config import GPT2Config
-from minigpt.generate import steps
-from minigpt.sequence import Sequence, make_request
+import minigpt.loops
+from minigpt.loops import cached_steps, naive_steps
+from minigpt.api import make_request
+from minigpt.sequence import Sequence
 from minigpt.model import Model
-from minigpt.params import random_params
+from minigpt.weights import random_params
 
 CONFIG = GPT2Config(vocab_size=50, n_positions=48, n_embd=16, n_layer=2, n_head=2, eos_token_id=7)
 
@@ -63,12 +65,24 @@ def test_different_seeds_sample_differently_and_the_same_seed_repeats(model):
     assert runs[0] == runs[1] != runs[2]
 
 
-def test_the_naive_loop_feeds_the_whole_sequence_and_the_cached_loop_one_token(model):
-    naive = [s.cache.length for s in steps(model, sequence(model, [1, 2, 3], 4), use_cache=False)]
-    cached_steps = steps(model, sequence(model, [1, 2, 3], 4), use_cache=True)
-    cached = [s.cache.length for s in cached_steps]
-    assert naive == [3, 4, 5, 6]  # each step's throwaway cache holds the whole sequence
-    assert cached == [3, 4, 5, 6]  # one cache, growing by one position per step
+def test_the_naive_loop_feeds_the_whole_sequence_and_the_cached_loop_one_token(model, monkeypatch):
+    fed = feeds(monkeypatch)
+    list(naive_steps(model, sequence(model, [1, 2, 3], 4)))
+    assert fed == [3, 4, 5, 6]  # every position so far, every step
+    fed.clear()
+    list(cached_steps(model, sequence(model, [1, 2, 3], 4)))
+    assert fed == [3, 1, 1, 1]  # the prompt once, then one new position per step
+
+
+def feeds(monkeypatch) -> list[int]:
+    """The number of ids each forward of minigpt.loops' loops is given, as they run."""
+    fed = []
+    for name in ("forward", "forward_cached"):
+        def counted(gpt, ids, *args, real=getattr(minigpt.loops, name), **kwargs):
+            fed.append(len(ids))
+            return real(gpt, ids, *args, **kwargs)
+        monkeypatch.setattr(minigpt.loops, name, counted)
+    return fed
 
 
 def test_empty_prompt_starts_from_end_of_text(model):
@@ -81,13 +95,13 @@ def test_zero_new_tokens_is_an_empty_result(model):
 
 
 def test_logits_of_every_step_are_bitwise_equal_between_the_loops(model):
-    naive = [s.logits for s in steps(model, sequence(model, [5, 6], 10), use_cache=False)]
-    cached = [s.logits for s in steps(model, sequence(model, [5, 6], 10), use_cache=True)]
+    naive = list(naive_steps(model, sequence(model, [5, 6], 10)))
+    cached = list(cached_steps(model, sequence(model, [5, 6], 10)))
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(naive, cached))
 
 
 def sequence(model, prompt, n):
-    """A checked request that never stops at <|endoftext|>, ready for `steps`."""
+    """A checked request that never stops at <|endoftext|>, ready for a loop."""
     return Sequence(make_request(model, prompt, n, stop_at_eos=False))
 
 

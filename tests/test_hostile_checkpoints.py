@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 
 import minigpt.checkpoint
 from minigpt.checkpoint import load_checkpoint, save_checkpoint
-from minigpt.config import GPT2Config, config_to_dict
+from minigpt.checkpoint import config_to_dict
+from minigpt.config import GPT2Config
 from minigpt.errors import CheckpointError, ConfigError, MinigptError, UnsafeCheckpointError
-from minigpt.params import expected_shapes, params_to_tensors, random_params
+from minigpt.weights import expected_shapes, params_to_tensors, random_params
 from minigpt.safetensors_format import ITEMSIZE, write_safetensors
 
 CONFIG = GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=2, eos_token_id=None)

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from minigpt.kernels import EXACT, FAST, Queries
+from minigpt.kernels import EXACT, FAST, Queries, attend_batch
 from minigpt.layers import gelu, layer_norm, merge_heads, split_heads
 from minigpt.params import LayerNorm
 
@@ -88,7 +88,7 @@ def test_attention_matches_float64_reference(kernels, start, T, rng):
     k_buf[:, :L] = rng.standard_normal((H, L, hd), dtype=np.float32)
     v_buf[:, :L] = rng.standard_normal((H, L, hd), dtype=np.float32)
     q = rng.standard_normal((H, T, hd), dtype=np.float32)
-    out, (weights,) = kernels.attention(q, [Queries(slice(0, T), [(k_buf, v_buf)], start)], True)
+    out, weights = kernels.attend(q, k_buf[:, :L], v_buf[:, :L]), kernels.weights(q, k_buf[:, :L])
     ref_out, ref_w = reference_attention(q, k_buf[:, :L], v_buf[:, :L])
     assert out.dtype == np.float32 and weights.dtype == np.float32
     assert weights.shape == (H, T, L)
@@ -112,14 +112,14 @@ def test_layers_match_torch_where_installed(rng):
 def test_attention_over_pages_scattered_in_runs_equals_one_contiguous_run(kernels, rng):
     """The same keys and values cut into runs of pages (a paged cache) give the same attention:
     bit for bit with the exact kernels, within rounding with the fast ones."""
-    H, hd, start, T = 2, 8, 21, 27
-    k = rng.standard_normal((H, 64, hd), dtype=np.float32)
-    v = rng.standard_normal((H, 64, hd), dtype=np.float32)
+    H, hd, start, T = 2, 8, 21, 36
+    k = rng.standard_normal((H, 57, hd), dtype=np.float32)
+    v = rng.standard_normal((H, 57, hd), dtype=np.float32)
     q = rng.standard_normal((H, T, hd), dtype=np.float32)
-    whole, _ = kernels.attention(q, [Queries(slice(0, T), [(k, v)], start)])
-    cuts = [0, 16, 48, 64]  # runs of 1, 2 and 1 pages, each its own array
+    whole = kernels.attend(q, k, v)
+    cuts = [0, 16, 48, 57]  # runs of 1, 2 and part of 1 pages, each its own array
     runs = [(k[:, a:b].copy(), v[:, a:b].copy()) for a, b in zip(cuts, cuts[1:])]
-    paged, _ = kernels.attention(q, [Queries(slice(0, T), runs, start)])
+    paged = attend_batch(kernels, q, [Queries(slice(0, T), runs)])
     if kernels is EXACT:
         np.testing.assert_array_equal(paged.view(np.uint32), whole.view(np.uint32))
     else:
@@ -136,11 +136,12 @@ def test_exact_attention_of_a_sequence_is_bitwise_the_same_beside_longer_ones(rn
     long_k = rng.standard_normal((H, 320, hd), dtype=np.float32)  # 20 pages: sums over 8 or more
     long_v = rng.standard_normal((H, 320, hd), dtype=np.float32)  # pages reassociate if pads count
     q = rng.standard_normal((H, 3, hd), dtype=np.float32)
-    alone, _ = EXACT.attention(q[:, :1], [Queries(slice(0, 1), [(short_k, short_v)], 9)])
-    parts = [Queries(slice(0, 1), [(short_k, short_v)], 9), Queries(slice(1, 2), [(long_k, long_v)], 310),
-             Queries(slice(2, 3), [(long_k[:, :144], long_v[:, :144])], 140)]
-    together, _ = EXACT.attention(q, parts)
+    alone = EXACT.attend(q[:, :1], short_k[:, :10], short_v[:, :10])
+    parts = [Queries(slice(0, 1), [(short_k[:, :10], short_v[:, :10])]),
+             Queries(slice(1, 2), [(long_k[:, :311], long_v[:, :311])]),
+             Queries(slice(2, 3), [(long_k[:, :141], long_v[:, :141])])]
+    together = attend_batch(EXACT, q, parts)
     np.testing.assert_array_equal(together[:, :1].view(np.uint32), alone.view(np.uint32))
     for i, p in enumerate(parts[1:], 1):
-        single, _ = EXACT.attention(q[:, i:i + 1], [Queries(slice(0, 1), p.segments, p.start)])
+        single = EXACT.attend(q[:, i:i + 1], *p.segments[0])
         np.testing.assert_array_equal(together[:, i:i + 1].view(np.uint32), single.view(np.uint32))

@@ -8,9 +8,11 @@ import pytest
 import minigpt
 from minigpt.config import GPT2Config
 from minigpt.errors import ContextLengthError, InputError
-from minigpt.kernels import FAST, PAGE
-from minigpt.model import Model, Trace
-from minigpt.params import random_params
+from minigpt.kernels import FAST
+from minigpt.model import Model
+from minigpt.tracing import traced_forward
+from minigpt.weights import params_to_tensors
+from minigpt.weights import random_params
 
 CONFIG = GPT2Config(vocab_size=97, n_positions=40, n_embd=24, n_layer=2, n_head=3, eos_token_id=96)
 
@@ -41,7 +43,7 @@ def test_logits_to_keep_computes_the_lm_head_for_the_last_rows_only(model):
 def test_new_cache_is_preallocated_for_the_whole_context(model):
     cache = model.new_cache()
     assert cache.length == 0
-    assert cache.capacity >= CONFIG.n_positions and cache.capacity % PAGE == 0
+    assert cache.capacity == CONFIG.n_positions
     assert cache.k.shape == (CONFIG.n_layer, CONFIG.n_head, cache.capacity, CONFIG.head_dim)
     assert cache.k.dtype == cache.v.dtype == np.float32
 
@@ -67,12 +69,12 @@ def test_the_cache_holds_the_keys_the_naive_pass_computes(model):
     np.testing.assert_array_equal(cache.v[:, :, :13], naive.v[:, :, :13])
 
 
-def test_trace_records_every_hidden_state_and_attention_map(model):
-    trace = Trace()
-    model.forward(ids(6), trace=trace)
+def test_a_traced_forward_records_every_hidden_state_and_attention_map_and_computes_the_forwards_logits(model):
+    trace = traced_forward(model, ids(6))
     assert len(trace.hidden) == CONFIG.n_layer + 2  # embeddings, each block, final LayerNorm
     assert all(h.shape == (6, CONFIG.n_embd) and h.dtype == np.float32 for h in trace.hidden)
-    assert [a.shape for a in trace.attention] == [(CONFIG.n_head, 6, 6)] * CONFIG.n_layer
+    assert [a.shape for a in trace.weights] == [(CONFIG.n_head, 6, 6)] * CONFIG.n_layer
+    assert np.array_equal(trace.logits.view(np.uint32), model.forward(ids(6)).view(np.uint32))
 
 
 def test_overflowing_the_context_is_refused_and_leaves_the_cache_as_it_was(model):
@@ -98,7 +100,7 @@ def test_fast_kernels_agree_with_exact_to_float32_precision(model):
 def test_embedded_random_124m_has_gpt2_small_shapes(tokenizer):
     m = minigpt.load("random-124m")
     assert (m.config.n_layer, m.config.n_embd, m.config.n_head, m.config.vocab_size) == (12, 768, 12, 50257)
-    assert sum(a.size for a in minigpt.params.params_to_tensors(m.params).values()) == 124_439_808
+    assert sum(a.size for a in params_to_tensors(m.params).values()) == 124_439_808
     assert m.tokenizer.encode("The dog") == [464, 3290]
 
 

@@ -28,10 +28,11 @@ import pytest
 import minigpt
 from minigpt.checkpoint import INDEX_FILE, LM_HEAD, PREFIX, save_checkpoint
 from minigpt.config import GPT2_SIZES, GPT2Config
-from minigpt.generate import steps
-from minigpt.params import random_params
+from minigpt.loops import cached_steps, naive_steps
+from minigpt.weights import random_params
 from minigpt.safetensors_format import read_header
-from minigpt.sequence import Sequence, make_request
+from minigpt.api import make_request
+from minigpt.sequence import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,9 +68,10 @@ def check_parity(directory: Path, ref, kernels: str) -> dict[str, float]:
     errors = {"prompt": logit_error(model.forward(ref["ids"]), ref["logits"])}
     for use_cache in (True, False):
         request = make_request(model, ref["ids"], len(ref["tokens"]))
-        loop = list(steps(model, Sequence(request), use_cache=use_cache))
-        assert [step.token for step in loop] == ref["tokens"].tolist(), f"greedy tokens, use_cache={use_cache}"
-        errors[f"greedy, use_cache={use_cache}"] = logit_error(np.stack([s.logits for s in loop]), ref["step_logits"])
+        seq = Sequence(request)
+        logits = list((cached_steps if use_cache else naive_steps)(model, seq))
+        assert seq.tokens == ref["tokens"].tolist(), f"greedy tokens, use_cache={use_cache}"
+        errors[f"greedy, use_cache={use_cache}"] = logit_error(np.stack(logits), ref["step_logits"])
     print(f"{directory.name} [{kernels}]: max logit error / max|logit|: {errors}; "
           f"transformers' float32 vs float64: {float(ref['rounding']):.2g}")
     assert max(errors.values()) <= TOLERANCE, errors

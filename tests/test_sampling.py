@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from minigpt.checks import check_sampling
 from minigpt.errors import InputError
 from minigpt.sampling import SamplingOptions, filtered_log_probs, next_token
 
@@ -84,4 +85,4 @@ def test_matches_hugging_face_warpers_where_installed():
 ])
 def test_bad_options_are_refused_naming_the_option(options, word):
     with pytest.raises(InputError, match=word):
-        SamplingOptions(**options)
+        check_sampling(**{"temperature": 0.0, "top_k": None, "top_p": None, "seed": None, **options})

@@ -20,7 +20,7 @@ from minigpt.checkpoint import save_checkpoint
 from minigpt.config import GPT2Config
 from minigpt.errors import InputError
 from minigpt.model import Model
-from minigpt.params import random_params
+from minigpt.weights import random_params
 from minigpt.sampling import log_softmax
 
 

@@ -16,8 +16,7 @@ LOGITS = np.linspace(-2, 2, len(VOCAB), dtype=np.float32)
 
 
 def sequence(stop=(), max_new_tokens=20, top=0, eos=EOS) -> Sequence:
-    request = Request((0,), max_new_tokens, SamplingOptions(), eos, tuple(stop), top)
-    return Sequence(request, VOCAB.__getitem__)
+    return Sequence(Request((0,), max_new_tokens, SamplingOptions(), eos, tuple(stop), top, VOCAB.__getitem__))
 
 
 def feed(seq: Sequence, tokens: list[int]) -> Sequence:
@@ -84,7 +83,7 @@ def test_finish_reasons_and_end_of_text():
 
 
 def test_the_text_of_a_result_leaves_out_the_end_of_text_that_ended_it(tokenizer):
-    seq = Sequence(Request((0,), 5, SamplingOptions(), 50256), tokenizer.decode_single_token_bytes)
+    seq = Sequence(Request((0,), 5, SamplingOptions(), 50256, token_bytes=tokenizer.decode_single_token_bytes))
     for t in tokenizer.encode(" hello") + [50256]:
         seq.append(t, np.zeros(50257, np.float32), 0.0)
     assert generated_text(tokenizer, seq.result(use_cache=True)) == " hello"

@@ -20,7 +20,7 @@ from minigpt import speculative
 from minigpt.config import GPT2Config
 from minigpt.errors import ContextLengthError, InputError
 from minigpt.model import Model
-from minigpt.params import random_params
+from minigpt.weights import random_params
 from minigpt.sampling import SamplingOptions, filtered_log_probs
 from minigpt.speculative import NGramDrafter, verify_greedy, verify_sampled
 

@@ -12,7 +12,7 @@ import pytest
 
 from minigpt.cli import main
 from minigpt.errors import MinigptError
-from minigpt.generate import generate
+from minigpt.api import generate
 from minigpt.params import LayerNorm
 from minigpt.staircase import MODES, measure, plot
 

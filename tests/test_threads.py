@@ -31,7 +31,7 @@ import minigpt
 from minigpt.config import GPT2Config
 from minigpt.kernels import threads as minigpt_threads
 from minigpt.model import Model
-from minigpt.params import random_params
+from minigpt.weights import random_params
 assert minigpt_threads() == threads, (minigpt_threads(), threads)
 config = GPT2Config(n_layer=1)
 model = Model(config, random_params(config, seed=1))

@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from typing import Callable, Iterator, TextIO
 
 from ..errors import MinigptError
-from ..sequence import with_truncate_hint
+from ..checks import with_truncate_hint
 from . import batch, cost, generate, prove, score, staircase
 from .common import UsageError
 

@@ -21,12 +21,13 @@ from typing import IO, Callable, Iterator
 
 from tqdm import tqdm
 
-from .. import batching
+from ..api import make_request, new_pool, run_batch
+from ..checks import check_stop
 from ..errors import InputError, MinigptError
 from ..model import Model
 from ..paging import PagePool
 from ..safetensors_format import unique_keys
-from ..sequence import GenerationResult, Request, check_stop, generated_text, make_request
+from ..sequence import GenerationResult, Request, generated_text
 from .common import (UsageError, add_model_options, add_sampling_options, encode_prompt, json_text, load_model,
                      positive_int)
 from .cost import binary
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     pending: dict[int, GenerationResult] = {}  # finished, waiting for the lines before them
     written = tokens = preemptions = 0
     with output(args.output) as out, progress(len(requests)) as (bar, on_step), \
-            closing(batching.run(model, requests, pool, args.max_batch_size, on_step)) as finished:
+            closing(run_batch(model, requests, pool, args.max_batch_size, on_step)) as finished:
         for i, result in finished:  # in the order they finish
             bar.update(1)
             tokens, preemptions = tokens + len(result.tokens), preemptions + result.preemptions
@@ -133,7 +134,7 @@ def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list
         ids.append(identity)
         requests.append(request)
     try:
-        pool = batching.new_pool(model, requests, args.max_batch_size, args.kv_cache_tokens)
+        pool = new_pool(model, requests, args.max_batch_size, args.kv_cache_tokens)
     except InputError as e:  # "prompt i: ...", i counting the requests
         i, message = re.fullmatch(r"prompt (\d+): (.*)", str(e), re.DOTALL).groups()
         raise UsageError(f"{name} line {lines[int(i)][0]}: {message}") from None

@@ -6,7 +6,7 @@ import argparse
 import codecs
 import sys
 
-from ..generate import generate, stream
+from ..api import generate, stream
 from ..loading import load
 from ..sequence import GenerationResult, generated_text
 from ..tokenizer import token_text, valid_text

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..causal_proof import COLUMNS, Comparison, Drift, Proof, prove
+from ..api import prove
+from ..causal_proof import COLUMNS, Comparison, Drift, Proof
 from .common import add_model_options, checked, encode_prompt, load_model, print_json, table
 
 DEFAULT_PROMPT = "The causal mask means that no position can see the future, so"  # 13 GPT-2 tokens

@@ -9,7 +9,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..model import Model
-from ..scoring import check_stride, score
+from ..api import score
+from ..checks import check_stride
 from ..tokenizer import token_text
 from .common import add_model_options, encode_prompt, load_model, positive_int, print_json, table
 

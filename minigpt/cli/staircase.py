@@ -14,6 +14,7 @@ from tqdm import tqdm
 from ..errors import InputError
 from ..files import kind
 from ..staircase import MODES, OnStep, Staircase, image_format, measure, plot
+from ..tokenizer import valid_text
 from .common import UsageError, add_model_options, load_model, positive_int, print_json, table
 
 
@@ -42,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
     with progress_bars(args.new_tokens) as on_step:
         staircase = measure(model, args.prompt_tokens, args.new_tokens, on_step)
     if args.plot is not None:
-        plot(staircase, args.plot, f"{args.model} ({args.kernels} kernels): {args.prompt_tokens}-token prompt, "
-                                   f"{args.new_tokens} new tokens")
+        plot(staircase, args.plot, valid_text(f"{args.model} ({args.kernels} kernels): {args.prompt_tokens}-token "
+                                              f"prompt, {args.new_tokens} new tokens"))
     if args.json:
         print_json(as_json(staircase, args))
     else:

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minigpt.batching import generate_batch
-from minigpt.generate import generate
+from minigpt.api import generate, generate_batch
 from minigpt.staircase import plot_lines
 
 from .common import (REPEATS, ROOT, Report, RunInfo, Target, floor_ms, interleaved, log, minigpt_engines,

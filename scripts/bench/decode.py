@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from minigpt.generate import generate
+from minigpt.api import generate
 from minigpt.model import Model
 from minigpt.staircase import fixed_prompt, plot_latencies
 

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minigpt.batching import make_requests, new_pool, run as run_batch
-from minigpt.generate import generate
+from minigpt.api import generate, make_requests, new_pool, run_batch
 from minigpt.kernels import PAGE
-from minigpt.kv_cache import KVCache, pages_for
-from minigpt.paging import PagePool
+from minigpt.paging import PagedCache, PagePool, pages_for
 
 from .common import Report, RunInfo, Target, log, random_124m, timed
 
@@ -40,12 +38,12 @@ def stream(vocab_size: int) -> tuple[list[list[int]], list[int]]:
     return [rng.integers(vocab_size, size=n).tolist() for n in prompt_lengths], replies
 
 
-def remember_caches(pool: PagePool) -> list[KVCache]:
+def remember_caches(pool: PagePool) -> list[PagedCache]:
     """The caches `pool` hands out from now on, in order: batching.run asks for one per request, in
     request order, so cache i is request i's and holds pages exactly while it is running."""
     caches, hand_out = [], pool.new_cache
 
-    def new_cache() -> KVCache:
+    def new_cache() -> PagedCache:
         caches.append(hand_out())
         return caches[-1]
 

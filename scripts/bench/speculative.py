@@ -16,9 +16,10 @@ import time
 
 import numpy as np
 
-from minigpt.generate import steps
+from minigpt.loops import cached_steps
 from minigpt.loading import load
-from minigpt.sequence import Sequence, make_request
+from minigpt.api import make_request
+from minigpt.sequence import Sequence
 from minigpt.speculative import Drafter, ModelDrafter, NGramDrafter, speculative_steps
 
 from .common import REPEATS, Report, RunInfo, Target, interleaved, log, random_124m, run_lengths
@@ -76,7 +77,7 @@ def decode(model, prompt: list[int], drafter: Drafter | None) -> dict:
     wall seconds, steps, the k of every step, drafted/accepted counts and the drafter's seconds."""
     recorder = None if drafter is None else Recorder(drafter)
     seq = Sequence(make_request(model, prompt, NEW_TOKENS, stop_at_eos=False))
-    loop = (steps(model, seq, use_cache=True) if recorder is None else
+    loop = (cached_steps(model, seq) if recorder is None else
             speculative_steps(model, seq, recorder, DRAFT_TOKENS))
     ks, asked = [], 0
     clock = time.perf_counter()

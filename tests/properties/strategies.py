@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from minigpt.causal_proof import record_forward
 from minigpt.config import GPT2Config
 from minigpt.kernels import EXACT, PAGE, Kernels
-from minigpt.kv_cache import pages_for
+from minigpt.paging import pages_for
 from minigpt.model import Model
-from minigpt.params import GPT2Params, expected_shapes, params_from_tensors, random_params
+from minigpt.params import GPT2Params
+from minigpt.weights import expected_shapes, params_from_tensors, random_params
 
 SCALES = (0.0, 1.0, 30.0, 1000.0)  # 0.0 stands for the all-zero model
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from strategies import chunkings, models, token_ids
 
 from minigpt.kernels import EXACT, FAST
-from minigpt.model import Trace
+from minigpt.tracing import traced_forward
 
 EPS = float(np.finfo(np.float32).eps)  # 2**-23
 
@@ -25,9 +25,7 @@ def test_attention_rows_are_probability_distributions_and_masked_weights_are_exa
     ids = data.draw(token_ids(model.config))
     cache, start = model.new_cache(len(ids)), 0
     for size in data.draw(chunkings(len(ids)), label="chunks"):
-        trace = Trace()
-        model.forward(ids[start:start + size], cache, trace=trace)
-        for weights in trace.attention:  # [H, T, S], S = start + T
+        for weights in traced_forward(model, ids[start:start + size], cache).weights:  # [H, T, S], S = start + T
             assert weights.dtype == np.float32
             S = weights.shape[2]
             future = np.arange(S) > (start + np.arange(size))[:, None]  # [T, S]

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import batches, per_prompt
 
-from minigpt.batching import generate_batch, make_requests, new_pool, run
-from minigpt.generate import generate
+from minigpt.api import generate_batch, make_requests, new_pool, run_batch as run
+from minigpt.api import generate
 
 
 @given(batches(), st.booleans())

@@ -9,7 +9,7 @@ from bits import assert_rows_same_bits
 from strategies import chunked_record, chunkings, models, token_ids
 
 from minigpt.causal_proof import record_forward
-from minigpt.generate import generate
+from minigpt.api import generate
 
 
 @given(st.data())

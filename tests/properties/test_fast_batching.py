@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import batches, per_prompt
 
-from minigpt.batching import generate_batch
-from minigpt.generate import generate
+from minigpt.api import generate_batch
+from minigpt.api import generate
 from minigpt.kernels import EXACT, FAST
 
 # Relative to the largest |logit| of the row (exact kernels), by weight scale. Targeted Hypothesis

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import chunkings, models, token_ids
 
-from minigpt.generate import generate
+from minigpt.api import generate
 from minigpt.kernels import EXACT, FAST, Kernels
-from minigpt.model import Trace
+from minigpt.tracing import traced_forward
 
 F32 = np.dtype(np.float32)
 
@@ -23,13 +23,17 @@ def checking(kernels: Kernels, seen: list) -> Kernels:
         seen.extend((x.dtype, weight.dtype, y.dtype) + (() if bias is None else (bias.dtype,)))
         return y
 
-    def attention(q, parts, record=False):
-        out, weights = kernels.attention(q, parts, record)
-        seen.extend((q.dtype, *(a.dtype for p in parts for kv in p.segments for a in kv), out.dtype,
-                     *(w.dtype for w in weights if w is not None)))
-        return out, weights
+    def attend(q, k, v):
+        out = kernels.attend(q, k, v)
+        seen.extend((q.dtype, k.dtype, v.dtype, out.dtype))
+        return out
 
-    return Kernels(kernels.name, linear, attention)
+    def weights(q, k):
+        w = kernels.weights(q, k)
+        seen.extend((q.dtype, k.dtype, w.dtype))
+        return w
+
+    return Kernels(kernels.name, linear, attend, weights)
 
 
 @given(st.data())
@@ -42,9 +46,10 @@ def test_every_intermediate_stays_float32_in_forward_cached_decode_and_generatio
     ids = data.draw(token_ids(model.config))
     cache, start = model.new_cache(), 0
     for size in data.draw(chunkings(len(ids)), label="chunks"):
-        trace = Trace()
-        seen.append(model.forward(ids[start:start + size], cache, trace=trace).dtype)
-        seen.extend(a.dtype for a in trace.hidden + trace.attention)
+        seen.append(model.forward(ids[start:start + size], cache).dtype)
+        cache.length = start
+        trace = traced_forward(model, ids[start:start + size], cache)
+        seen.extend(a.dtype for a in [*trace.hidden, *trace.keys, *trace.values, *trace.weights, trace.logits])
         start += size
     if len(ids) < model.config.n_positions:
         generate(model, ids, model.config.n_positions - len(ids), temperature=0.7, seed=0)

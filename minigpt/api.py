@@ -1,0 +1,250 @@
+"""The public functions scripts call: generate, stream, generate_batch, score. Each checks what it
+is given (minigpt.checks), then runs the loops that assume checked input (minigpt.loops,
+minigpt.speculative, minigpt.batching) and minigpt.scoring, an overflow named by its layer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numpy as np
+
+from . import causal_proof, scoring
+from .batching import run
+from .checks import (check_ids, check_sampling, check_speculation, check_stop, check_stride, prepare_prompt,
+                     with_truncate_hint)
+from .errors import InputError, MinigptError, NumericalError, check_bool, check_int
+from .loops import cached_steps, naive_steps
+from .gpt2 import GPT2
+from .kernels import PAGE
+from .model import Model, check_model, overflow
+from .paging import PagePool, pages_for
+from .sequence import GenerationResult, Request, Sequence, StreamedToken
+from .speculative import speculative_steps
+
+
+# ------------------------------------------------------------------------------ generation
+
+
+def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, *, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
+                 truncate_prompt: bool = False) -> Request:
+    """Check everything about a request before any work is done."""
+    check_model(model)
+    sampling = check_sampling(temperature, top_k, top_p, seed)
+    prompt = prepare_prompt(model, prompt_ids, max_new_tokens, check_bool(truncate_prompt, "truncate_prompt"))
+    top_logprobs = check_int(top_logprobs, "top_logprobs", 0)
+    eos = model.config.eos_token_id if check_bool(stop_at_eos, "stop_at_eos") else None
+    stop = check_stop(model, stop)
+    token_bytes = model.tokenizer.decode_single_token_bytes if stop else None
+    return Request(tuple(prompt), int(max_new_tokens), sampling, eos, stop, top_logprobs, token_bytes)
+
+
+def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, *, use_cache: bool, temperature: float,
+                       top_k: int | None, top_p: float | None, seed: int | None, stop_at_eos: bool, stop,
+                       top_logprobs: int, truncate_prompt: bool, speculate,
+                       draft_tokens: int) -> tuple[Sequence, Iterator[None]]:
+    """Check a request now, before any work; return its sequence and its loop, not yet started: the
+    naive, cached or speculative steps, each yielding after a model step, with an overflow named
+    by its layer. No defaults here: they are `generate`'s, which `stream` repeats (a test keeps the
+    two signatures equal)."""
+    request = make_request(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs,
+                           truncate_prompt=truncate_prompt)
+    seq = Sequence(request)
+    if speculate is not None:
+        if not check_bool(use_cache, "use_cache"):
+            raise InputError("speculative decoding checks drafts against the KV cache: it cannot run without it")
+        drafter = check_speculation(model, speculate, draft_tokens, request.max_positions)
+        return seq, checked_steps(model, seq, speculative_steps(model, seq, drafter, draft_tokens))
+    loop = cached_steps if check_bool(use_cache, "use_cache") else naive_steps
+    return seq, checked_steps(model, seq, loop(model, seq))
+
+
+def checked_steps(gpt: GPT2, seq: Sequence, loop: Iterator[None]) -> Iterator[None]:
+    """The steps of `loop`, each with overflow warnings off: an overflow is the NumericalError of the
+    sequence's finiteness check, raised here naming the layer where it began."""
+    while True:
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                next(loop)
+        except StopIteration:
+            return
+        except NumericalError as e:
+            raise overflow(gpt, e, seq.ids) from None
+        yield
+
+
+def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
+             truncate_prompt: bool = False, speculate=None, draft_tokens: int = 4,
+             on_step: Callable[[int, float], None] | None = None) -> GenerationResult:
+    """Generate up to `max_new_tokens` tokens after `prompt_ids` and time each one.
+
+    temperature 0 is greedy; otherwise top_k, top_p and a seed shape and fix the sampling
+    (minigpt.sampling). The sequence ends at <|endoftext|> (unless stop_at_eos=False), after
+    max_new_tokens, or before the first of the `stop` strings in its new text. top_logprobs=N also
+    records the N most likely tokens at each step. `speculate` ("ngram", or a draft Model) checks up
+    to `draft_tokens` guessed tokens per step (minigpt.speculative); the tokens are the same.
+    on_step(tokens so far, that token's seconds) is called after each token (a progress bar); its
+    own time is not counted in the next token's.
+    """
+    if on_step is not None and not callable(on_step):
+        raise InputError(f"on_step must be a function or None, got {type(on_step).__name__}")
+    seq, loop = sequence_and_steps(
+        model, prompt_ids, max_new_tokens, use_cache=use_cache, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs, truncate_prompt=truncate_prompt,
+        speculate=speculate, draft_tokens=draft_tokens)
+    reported = 0
+    for _ in loop:
+        if on_step is not None:
+            for i in range(reported, len(seq.tokens)):
+                on_step(i + 1, seq.seconds[i])
+            reported = len(seq.tokens)
+    return seq.result(bool(use_cache))  # checked in sequence_and_steps: True or False, maybe NumPy's
+
+
+def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
+           temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+           seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
+           truncate_prompt: bool = False, speculate=None, draft_tokens: int = 4) -> Iterator[StreamedToken]:
+    """Yield the new tokens as they are produced, each with its log-probabilities: `generate`'s
+    parameters (without on_step), checked at the call. With stop strings a token is held back until
+    it is sure not to be part of one."""
+    seq, loop = sequence_and_steps(
+        model, prompt_ids, max_new_tokens, use_cache=use_cache, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs, truncate_prompt=truncate_prompt,
+        speculate=speculate, draft_tokens=draft_tokens)
+
+    def tokens() -> Iterator[StreamedToken]:
+        shown = 0
+        for _ in loop:
+            records = seq.streamed(shown)
+            shown += len(records)
+            yield from records
+
+    return tokens()
+
+
+# ---------------------------------------------------------------------------- many prompts
+
+
+PER_PROMPT = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
+
+
+def make_requests(model: Model, prompts, options: dict) -> list[Request]:
+    """One checked Request per prompt. Each option is one value for all prompts or a list with one
+    value per prompt (`stop`: a list of strings for all, or a list of such lists). A bad request
+    is named by its index, before any work."""
+    check_model(model)
+    if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
+        raise InputError("prompts must be a list of token-id lists")
+    per_prompt = {}
+    for name in PER_PROMPT:
+        value = options[name]
+        listed = (isinstance(value, (list, tuple)) and (name != "stop" or any(
+            v is None or isinstance(v, (list, tuple)) for v in value)))
+        if listed and len(value) != len(prompts):
+            raise InputError(f"{name} has {len(value)} values for {len(prompts)} prompts")
+        per_prompt[name] = value if listed else [value] * len(prompts)
+    requests = []
+    for i, prompt in enumerate(prompts):
+        try:
+            requests.append(make_request(model, prompt, stop_at_eos=options["stop_at_eos"],
+                                         top_logprobs=options["top_logprobs"],
+                                         **{name: per_prompt[name][i] for name in PER_PROMPT}))
+        except MinigptError as e:  # no truncate_prompt here: its hint would name an option this API lacks
+            raise type(e)(f"prompt {i}: {with_truncate_hint(e, '')}") from None
+    return requests
+
+
+def new_pool(model: Model, requests: list[Request], max_batch_size: int, kv_cache_tokens: int | None) -> PagePool:
+    """The page pool for a batch: kv_cache_tokens positions (default: max_batch_size whole contexts),
+    refusing up front a request that could never fit in it. It never holds more than a whole context
+    per request, all a batch can use: a huge max_batch_size or kv_cache_tokens allocates no more."""
+    n_positions = model.config.n_positions
+    if kv_cache_tokens is None:
+        kv_cache_tokens = check_int(max_batch_size, "max_batch_size", 1) * n_positions
+    n_pages = pages_for(min(check_int(kv_cache_tokens, "kv_cache_tokens", 1), max(1, len(requests)) * n_positions))
+    for i, r in enumerate(requests):
+        if pages_for(r.max_positions) > n_pages:
+            raise InputError(f"prompt {i}: {len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
+                             f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); the "
+                             f"pool holds {n_pages * PAGE} (kv_cache_tokens)")
+    return PagePool(model.config, n_pages)
+
+
+def run_batch(model: Model, requests: list[Request], pool: PagePool, max_batch_size: int,
+              on_step: Callable[[int], None] | None = None) -> Iterator[tuple[int, GenerationResult]]:
+    """batching.run over checked requests, with an overflow named by its layer: (index, result) as
+    each finishes."""
+    results = run(model, requests, pool, check_int(max_batch_size, "max_batch_size", 1), on_step)
+    while True:
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                item = next(results)
+        except StopIteration:
+            return
+        except NumericalError as e:
+            raise overflow(model, e, requests[0].prompt) from None
+        yield item
+
+
+def generate_batch(model: Model, prompts, max_new_tokens=40, *, temperature=0.0, top_k=None, top_p=None,
+                   seed=None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
+                   max_batch_size: int | None = None, kv_cache_tokens: int | None = None) -> list[GenerationResult]:
+    """Generate for every prompt (a list of token-id lists), decoding up to `max_batch_size` of them
+    together (default: all). Returns the results in prompt order.
+
+    Each of max_new_tokens, temperature, top_k, top_p, seed and stop is one value for all prompts or a
+    list with one per prompt. An int seed gives every prompt its own generator seeded with it, as
+    if it were generated alone. A step's wall time counts for every token it produced. The keys and
+    values of all sequences share a pool of kv_cache_tokens positions (default: max_batch_size whole
+    contexts; at most one per prompt); sequences are preempted and recomputed when it runs short
+    (minigpt.batching). With the exact kernels, result i equals generate(model, prompts[i], ...) with
+    prompt i's options.
+    """
+    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                   stop=stop, stop_at_eos=stop_at_eos, top_logprobs=top_logprobs)
+    requests = make_requests(model, prompts, options)
+    max_batch_size = max(1, len(requests)) if max_batch_size is None else check_int(max_batch_size, "max_batch_size", 1)
+    pool = new_pool(model, requests, max_batch_size, kv_cache_tokens)
+    results: list[GenerationResult | None] = [None] * len(requests)
+    for i, result in run_batch(model, requests, pool, max_batch_size):
+        results[i] = result
+    return results
+
+
+# ------------------------------------------------------------------------------- scoring
+
+
+def score(model: Model, ids, stride: int | None = None) -> np.ndarray:
+    """float64 [len(ids) - 1]: log P(ids[i] | ids[:i]) for i = 1 .. len(ids) - 1, in windows of
+    n_positions tokens advancing by `stride` (default n_positions // 2) when the text is longer
+    (minigpt.scoring)."""
+    ids = check_ids(ids, check_model(model).config.vocab_size)  # [N]
+    if ids.size < 2:
+        raise InputError(f"scoring needs at least 2 tokens (the first is only context for the next), got {ids.size}")
+    stride = check_stride(stride, model.config.n_positions)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return scoring.score(model, ids, stride)
+    except NumericalError as e:
+        raise overflow(model, e, ids[:model.config.n_positions]) from None
+
+
+# ---------------------------------------------------------------------------------- proof
+
+
+def prove(model: Model, prompt_ids, n_steps: int = 8) -> causal_proof.Proof:
+    """causal_proof.prove on a checked prompt: every check of the argument that the cache is exact,
+    run with the model's kernels, and the fast kernels' drift for contrast."""
+    n_steps = check_int(n_steps, "n_steps", 2)  # the proof compares consecutive steps
+    prompt = prepare_prompt(check_model(model), prompt_ids, n_steps)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return causal_proof.prove(model, prompt, n_steps)
+    except NumericalError as e:
+        raise overflow(model, e, prompt) from None
