@@ -4,6 +4,9 @@ request gives its pages back, and scoring-only requests score."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 import minigpt
@@ -75,3 +78,19 @@ def test_scoring_only_gives_prompt_logprobs_and_no_tokens(model):
 def test_engine_options_are_checked(model, options, message):
     with pytest.raises(InputError, match=message):
         minigpt.Engine(model, **options)
+
+
+PEAK_RSS = """
+import resource, sys, minigpt
+model = minigpt.load("random-124m")
+minigpt.generate_batch(model, [[464, 3290 + i] for i in range(int(sys.argv[1]))], 4)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_sixteen_short_prompts_peak_within_1_2x_the_memory_of_one():
+    """The pool (16 whole contexts of GPT-2 small: 1.2 GB reserved) commits memory only as pages are
+    written, so 16 two-token prompts cost about what one does (peak RSS of a fresh process each)."""
+    peaks = [int(subprocess.run([sys.executable, "-c", PEAK_RSS, str(n)], capture_output=True, text=True,
+                                check=True, timeout=120).stdout) for n in (1, 16)]
+    assert peaks[1] <= 1.2 * peaks[0], peaks
