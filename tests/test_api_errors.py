@@ -47,7 +47,7 @@ ALIASES = ("gpt2", "gpt2-medium", "distilgpt2", "random-124m")
 
 
 def make_checkpoint(directory: Path, config: GPT2Config = TINY) -> Path:
-    """A valid random checkpoint of `config` in `directory` (it uses the MINIGPT_BPE_DIR tokenizer)."""
+    """A valid random checkpoint of `config` in `directory` (it uses the packaged tables, or MINIGPT_BPE_DIR's)."""
     save_checkpoint(directory, config, random_params(config, seed=1))
     return directory
 

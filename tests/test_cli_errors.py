@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def bpe_tables(tokenizer):
-    """Every command here tokenizes: skip (saying how to fix it) when GPT-2's BPE tables are missing."""
+    """Every command here tokenizes: the packaged tables, checked once for the module."""
 
 
 def cli(capsys, *argv: str, command: str = "generate") -> tuple[int, str, str]:
@@ -46,7 +46,7 @@ def cli(capsys, *argv: str, command: str = "generate") -> tuple[int, str, str]:
 
 
 def environment(hf_home: Path) -> dict[str, str]:
-    """This process's environment (MINIGPT_BPE_DIR from conftest) with the repository importable,
+    """This process's environment with the repository importable,
     the hub offline and its cache in `hf_home`."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home)}

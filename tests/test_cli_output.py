@@ -33,7 +33,7 @@ requires_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="
 
 @pytest.fixture(autouse=True)
 def bpe_tables(tokenizer):
-    """Every command here tokenizes: skip (saying how to fix it) when GPT-2's BPE tables are missing."""
+    """Every command here tokenizes: the packaged tables, checked once for the module."""
 
 
 @pytest.fixture(scope="module")

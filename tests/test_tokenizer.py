@@ -22,7 +22,9 @@ from tiktoken_ext import openai_public
 
 import minigpt
 from minigpt.errors import TokenizerError
-from minigpt.tokenizer import ENDOFTEXT, find_bpe_files, gpt2_tokenizer, valid_text
+import minigpt.tokenizer
+from minigpt.tokenizer import (ENDOFTEXT, PACKAGED_BPE, PACKAGED_SHA256, find_bpe_files, gpt2_tokenizer,
+                              valid_text)
 
 EOT = 50256
 # The regex's cases (contractions, letters, digits, other, whitespace runs) and the special token's text.
@@ -33,8 +35,8 @@ TEXTS = st.text() | st.lists(st.sampled_from(PIECES) | st.text(max_size=3), max_
 
 @pytest.fixture(scope="session")
 def tables():
-    """(merges, vocabulary) files of GPT-2's tables, either pair minigpt accepts (session-scoped: found
-    before `offline` hides them)."""
+    """(merges, vocabulary) files of GPT-2's tables as packaged with minigpt (session-scoped: found
+    before `offline` hides MINIGPT_BPE_DIR)."""
     return find_bpe_files(bpe_dir())
 
 
@@ -59,7 +61,8 @@ def reference(tables, tmp_path_factory) -> tiktoken.Encoding:
 
 @pytest.fixture
 def offline(monkeypatch, tmp_path):
-    """No MINIGPT_BPE_DIR, an empty tiktoken cache, no tiktoken encodings in memory, and no network."""
+    """No MINIGPT_BPE_DIR, an empty tiktoken cache, no tiktoken encodings in memory, and no network
+    (tiktoken's downloads fail)."""
     monkeypatch.delenv("MINIGPT_BPE_DIR", raising=False)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
@@ -149,12 +152,24 @@ def test_a_hub_layout_directory_gives_the_same_encoding(tokenizer, hub_layout, o
     assert minigpt.encode(from_hub_layout, text) == minigpt.encode(tokenizer, text)
 
 
-def test_no_tables_and_no_network_is_a_tokenizer_error(offline, tmp_path):
-    """Neither a directory with tables, nor MINIGPT_BPE_DIR, nor tiktoken's cache: a TokenizerError that
-    says how to provide the tables, not the HTTP client's exception."""
+def test_without_other_tables_the_packaged_ones_are_used_offline(reference, offline, tmp_path):
+    """Neither a directory with tables, nor MINIGPT_BPE_DIR, nor tiktoken's cache, nor the network: the
+    tables shipped in the package give tiktoken's gpt2 tokens."""
     for directory in (None, tmp_path):
-        with pytest.raises(TokenizerError, match="MINIGPT_BPE_DIR"):
-            gpt2_tokenizer(directory)
+        assert token_bytes(gpt2_tokenizer(directory)) == token_bytes(reference)
+
+
+@pytest.mark.parametrize("damage", [lambda data: data[:99] + bytes([data[99] ^ 1]) + data[100:], lambda data: data[:-1]],
+                         ids=["a-byte-changed", "cut-short"])
+def test_packaged_tables_that_are_not_gpt2s_are_a_tokenizer_error(offline, tmp_path, monkeypatch, damage):
+    """The packaged tables are checked against their SHA-256 when read: a damaged install is named."""
+    for name in PACKAGED_SHA256:
+        shutil.copyfile(PACKAGED_BPE / name, tmp_path / name)
+    (tmp_path / "encoder.json").write_bytes(damage((tmp_path / "encoder.json").read_bytes()))
+    monkeypatch.setattr(minigpt.tokenizer, "PACKAGED_BPE", tmp_path)
+    with pytest.raises(TokenizerError, match=f"packaged BPE table {tmp_path / 'encoder.json'} is not GPT-2's: "
+                                             "its SHA-256 is [0-9a-f]{64}, not 1961.*; reinstall minigpt"):
+        gpt2_tokenizer()
 
 
 def test_tables_are_read_as_they_are_now(hub_layout, offline):
