@@ -19,7 +19,7 @@ from pathlib import Path
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
-from .errors import InputError, TokenizerError
+from .errors import InputError, TokenizerError, check_bool
 from .files import is_file
 
 ENDOFTEXT = "<|endoftext|>"
@@ -131,8 +131,10 @@ def token_text(tokenizer: tiktoken.Encoding, token: int) -> str:
 SURROGATE_ESCAPES = re.compile("([\udc80-\udcff]+)")
 
 
-def encode(tokenizer: tiktoken.Encoding, text: str) -> list[int]:
-    """Encode text; a literal "<|endoftext|>" in it is ordinary text, never the special token.
+def encode(tokenizer: tiktoken.Encoding, text: str, *, special_tokens: bool = True) -> list[int]:
+    """Encode text. A literal "<|endoftext|>" in it is the special token 50256, as Hugging Face's
+    GPT-2 tokenizer makes it (documents joined by it read as separate documents); with
+    special_tokens=False it is ordinary text, its 13 characters.
 
     Undecodable bytes that Python carries as surrogate escapes (a command line's, a file name's)
     are encoded as themselves, one byte token each, so the ids hold the bytes given. tiktoken alone
@@ -146,12 +148,17 @@ def encode(tokenizer: tiktoken.Encoding, text: str) -> list[int]:
     if not isinstance(text, str):
         raise InputError(f"encode takes text (a str), got {type(text).__name__}"
                          + ("; decode the bytes first" if isinstance(text, (bytes, bytearray)) else ""))
+    check_bool(special_tokens, "special_tokens")
+    documents = text.split(ENDOFTEXT) if special_tokens else [text]
     ids = []
-    for i, part in enumerate(SURROGATE_ESCAPES.split(text)):  # text, escaped bytes, text, ...
-        if i % 2:
-            ids += [tokenizer.encode_single_token(bytes([b])) for b in part.encode("utf-8", "surrogateescape")]
-        elif part:
-            ids += tokenizer.encode(part, disallowed_special=())
+    for n, document in enumerate(documents):
+        if n:
+            ids.append(tokenizer.eot_token)  # between two documents
+        for i, part in enumerate(SURROGATE_ESCAPES.split(document)):  # text, escaped bytes, text, ...
+            if i % 2:
+                ids += [tokenizer.encode_single_token(bytes([b])) for b in part.encode("utf-8", "surrogateescape")]
+            elif part:
+                ids += tokenizer.encode(part, disallowed_special=())
     return ids
 
 

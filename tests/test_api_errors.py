@@ -498,8 +498,10 @@ def test_an_empty_prompt_is_refused_without_an_endoftext_to_start_from(tiny_mode
 
 
 @pytest.mark.parametrize("text", ["<|endoftext|>", "a<|endoftext|>b", "<|endoftext|><|endoftext|>"])
-def test_a_literal_endoftext_is_ordinary_text(tokenizer, text):
+def test_a_literal_endoftext_is_the_special_token_or_ordinary_text_without_special_tokens(tokenizer, text):
     ids = minigpt.encode(tokenizer, text)
+    assert ids.count(EOT) == text.count("<|endoftext|>") and tokenizer.decode(ids) == text
+    ids = minigpt.encode(tokenizer, text, special_tokens=False)
     assert EOT not in ids and tokenizer.decode(ids) == text
 
 
@@ -509,12 +511,15 @@ def test_a_lone_surrogate_becomes_the_replacement_character(tokenizer):
 
 
 @given(st.lists(st.one_of(st.text(max_size=12), st.just("<|endoftext|>")), max_size=3).map("".join))
-def test_any_text_encodes_as_text_round_trips_and_can_be_continued(tiny_model, tokenizer, text):
-    """Property: any Unicode text, literal "<|endoftext|>" included, encodes without the special token,
-    decodes back to itself, and generation continues it (from <|endoftext|> when it is empty)."""
+def test_any_text_encodes_with_endoftext_as_its_token_round_trips_and_can_be_continued(tiny_model, tokenizer,
+                                                                                        text):
+    """Property: any Unicode text, literal "<|endoftext|>" included, encodes with one special token per
+    literal (none with special_tokens=False), decodes back to itself, and generation continues it (from
+    <|endoftext|> when it is empty)."""
     ids = minigpt.encode(tiny_model.tokenizer, text)
-    assert EOT not in ids
+    assert ids.count(EOT) == text.count("<|endoftext|>")
     assert tiny_model.tokenizer.decode(ids) == text
+    assert EOT not in minigpt.encode(tiny_model.tokenizer, text, special_tokens=False)
     assert minigpt.generate(tiny_model, ids, 1).prompt_ids == (ids or [EOT])
 
 

@@ -283,7 +283,8 @@ def test_text_prompts_stop_strings_and_the_text_field(capsys, tmp_path, tokenize
     assert outputs[0]["finish_reason"] == "stop" and outputs[0]["text"] == "".join(pieces[:cut])
     assert outputs[1]["text"] == "".join(pieces)  # null: no stop strings, not even --stop's
     assert outputs[2]["prompt_ids"] == [model.config.eos_token_id]
-    assert tokenizer.decode(outputs[3]["prompt_ids"]) == "naïve café <|endoftext|>"  # the literal is text
+    assert tokenizer.decode(outputs[3]["prompt_ids"]) == "naïve café <|endoftext|>"
+    assert outputs[3]["prompt_ids"][-1] == model.config.eos_token_id  # the literal is the special token
 
 
 # The real command: stdin, stdout, Ctrl-C

@@ -178,9 +178,10 @@ def test_an_empty_prompt_starts_from_endoftext(capsys):
 
 
 @pytest.mark.parametrize("prompt", ["<|endoftext|>", "naïve café 😀 <|endoftext|> 中文 \u200b\x00"])
-def test_a_literal_endoftext_and_any_unicode_are_text(capsys, tokenizer, prompt):
+def test_a_literal_endoftext_is_its_token_and_any_unicode_is_text(capsys, tokenizer, prompt):
     result = generate_json(capsys, prompt, "--max-new-tokens", "2")
-    assert EOT not in result["prompt_ids"] and tokenizer.decode(result["prompt_ids"]) == prompt
+    assert result["prompt_ids"] == minigpt.encode(tokenizer, prompt) and EOT in result["prompt_ids"]
+    assert tokenizer.decode(result["prompt_ids"]) == prompt
     code, out, err = cli(capsys, prompt, "--model", "random-tiny", "--max-new-tokens", "2")
     assert code == 0 and out.startswith(prompt) and err == ""
 

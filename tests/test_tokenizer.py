@@ -107,11 +107,14 @@ def test_known_ids(tokenizer, reference, text, ids):
 
 @given(text=TEXTS)
 def test_any_text_encodes_as_tiktoken_gpt2_and_round_trips(tokenizer, reference, text):
-    """Property: for any Unicode text, the ids are tiktoken gpt2's (special tokens read as plain text)
-    and decoding them gives the text back."""
+    """Property: for any Unicode text, the ids are tiktoken gpt2's (<|endoftext|> as the special token,
+    or with special_tokens=False as plain text) and decoding them gives the text back."""
     ids = minigpt.encode(tokenizer, text)
-    assert ids == reference.encode_ordinary(text)
+    assert ids == reference.encode(text, allowed_special="all")
     assert tokenizer.decode(ids) == text
+    ordinary = minigpt.encode(tokenizer, text, special_tokens=False)
+    assert ordinary == reference.encode_ordinary(text)
+    assert tokenizer.decode(ordinary) == text
 
 
 @given(st.binary(max_size=40) | st.lists(st.sampled_from([b"\xff", b"\xe4\xb8", b"\xc3\xa9", b" dog", b"\x00"]),
@@ -135,13 +138,22 @@ def test_any_lone_surrogate_encodes_without_error_and_decodes_as_valid_text(toke
 
 
 @pytest.mark.parametrize("text", [ENDOFTEXT, f"The dog{ENDOFTEXT}", f"{ENDOFTEXT}\n{ENDOFTEXT} end"])
-def test_a_literal_endoftext_is_plain_text(tokenizer, reference, text):
-    """"<|endoftext|>" in text is encoded as its characters, as tiktoken's encode_ordinary does, never as 50256."""
-    assert EOT in tokenizer.encode(text, allowed_special="all")  # the special token exists...
+def test_a_literal_endoftext_is_the_special_token_unless_special_tokens_is_false(tokenizer, reference, text):
+    """"<|endoftext|>" in text is 50256 wherever it stands, each document around it encoded on its own;
+    with special_tokens=False, its characters, as tiktoken's encode_ordinary does. Both decode back."""
     ids = minigpt.encode(tokenizer, text)
-    assert EOT not in ids  # ...but text never produces it
-    assert ids == reference.encode_ordinary(text)
-    assert tokenizer.decode(ids) == text
+    assert ids.count(EOT) == text.count(ENDOFTEXT)
+    assert ids == reference.encode(text, allowed_special={ENDOFTEXT})
+    ordinary = minigpt.encode(tokenizer, text, special_tokens=False)
+    assert EOT not in ordinary and ordinary == reference.encode_ordinary(text)
+    assert tokenizer.decode(ids) == tokenizer.decode(ordinary) == text
+
+
+def test_special_tokens_must_be_a_bool(tokenizer):
+    from minigpt.errors import InputError
+
+    with pytest.raises(InputError, match="special_tokens must be True or False, got 'no'"):
+        minigpt.encode(tokenizer, "a", special_tokens="no")
 
 
 def test_a_hub_layout_directory_gives_the_same_encoding(tokenizer, hub_layout, offline):

@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="continue a prompt",
                        description="Continue PROMPT with GPT-2, streaming the text as it is produced. "
                                    "An empty prompt starts from <|endoftext|>; a literal '<|endoftext|>' "
-                                   "in the prompt is encoded as ordinary text.")
+                                   "in the prompt is that special token, as in Hugging Face's tokenizer.")
     p.add_argument("prompt", help="the text to continue")
     add_model_options(p)
     add_sampling_options(p)
