@@ -25,7 +25,6 @@ from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
 from minigpt.config import GPT2Config
 from minigpt.params import random_params
-from minigpt.sequence import generated_text
 
 SMALL = GPT2Config(vocab_size=300, n_positions=64, n_embd=16, n_layer=2, n_head=2, eos_token_id=None)
 SUMMARY = re.compile(r"(\d+) requests, ([\d,]+) tokens, ([\d.]+) s, ([\d,.]+) tokens/s, peak ([\d,]+) of ([\d,]+) "
@@ -279,7 +278,7 @@ def test_text_prompts_stop_strings_and_the_text_field(capsys, tmp_path, tokenize
         result = minigpt.generate(model, minigpt.encode(tokenizer, line["prompt"]), 12, temperature=1.0, seed=0,
                                   stop=line.get("stop", ["x"]), top_logprobs=line.get("top_logprobs", 0))
         assert_same(output, result)
-        assert output["text"] == generated_text(tokenizer, result)
+        assert output["text"] == result.text
     assert outputs[0]["finish_reason"] == "stop" and outputs[0]["text"] == "".join(pieces[:cut])
     assert outputs[1]["text"] == "".join(pieces)  # null: no stop strings, not even --stop's
     assert outputs[2]["prompt_ids"] == [model.config.eos_token_id]

@@ -212,12 +212,16 @@ def test_a_bpe_folder_without_the_tables_is_named(tmp_path, monkeypatch):
 
 
 def test_an_embedded_model_loads_without_the_tables_and_tokenizes_on_first_use(tmp_path, monkeypatch):
-    """Work on ids alone never needs GPT-2's BPE tables; the tokenizer is built when first asked for."""
-    tables = bpe_dir()
+    """Loading never reads GPT-2's BPE tables; the tokenizer is built when first needed, by
+    `model.tokenizer` or by a generation (its result carries its text), and unusable tables fail there."""
     monkeypatch.setenv("MINIGPT_BPE_DIR", str(tmp_path))
-    model = minigpt.load("random-tiny")
-    assert minigpt.generate(model, [464, 3290], 3).tokens  # no tokenizer needed
+    model = minigpt.load("random-tiny")  # no tokenizer needed
     with pytest.raises(TokenizerError):
         model.tokenizer
-    monkeypatch.setenv("MINIGPT_BPE_DIR", str(tables))
-    assert minigpt.load("random-tiny").tokenizer.encode("The dog") == [464, 3290]
+    with pytest.raises(TokenizerError):
+        minigpt.generate(model, [464, 3290], 3)
+    monkeypatch.delenv("MINIGPT_BPE_DIR")
+    model = minigpt.load("random-tiny")
+    assert model.tokenizer.encode("The dog") == [464, 3290]
+    result = minigpt.generate(model, [464, 3290], 3)
+    assert result.text == model.tokenizer.decode(result.tokens)
