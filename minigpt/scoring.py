@@ -1,11 +1,14 @@
 """Scoring a given text: the log-probability the model gives each of its tokens, and so its
-perplexity, the way Hugging Face's perplexity guide computes it.
+perplexity.
 
-A text longer than the context is scored in overlapping windows of n_positions tokens that begin
-at 0, stride, 2 * stride, ...; each window scores only the tokens the windows before it did not,
-so every token is scored once, with at least n_positions - stride tokens of context once the first
-window is past (docs/sampling.md). Each row of logits becomes a log-probability by the function
-`generate` uses for its new tokens, so with the exact kernels the two agree bit for bit.
+A forward over n_positions tokens predicts n_positions tokens (its last row predicts the token
+after it), so a text of up to n_positions + 1 tokens is one window. A longer one is scored in
+windows that each feed n_positions tokens: the first scores tokens 1 .. n_positions, each next one
+the `stride` tokens after those already scored, with the n_positions tokens before its last one as
+its input (so the last window reaches back for a whole context). Every token is scored once; with
+stride = n_positions these are lm-evaluation-harness's rolling windows (docs/sampling.md). Each row
+of logits becomes a log-probability by the function `generate` uses for its new tokens, so with the
+exact kernels the two agree bit for bit.
 """
 
 from __future__ import annotations
@@ -20,32 +23,30 @@ from .sampling import token_log_prob
 
 
 def check_stride(stride, n_positions: int) -> int:
-    """The stride between windows: default n_positions // 2; windows must overlap, so 1 .. n_positions - 1."""
-    if n_positions < 2:
-        raise InputError("a model whose context holds 1 token (n_positions) cannot score: a window must hold "
-                         "a token and its context")
+    """The tokens each window after the first scores: default n_positions // 2 (at least 1); 1 .. n_positions."""
     if stride is None:
-        return n_positions // 2
-    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or not 1 <= stride < n_positions:
-        raise InputError(f"stride must be an integer in 1..{n_positions - 1} (n_positions - 1, so that windows "
-                         f"overlap), got {stride!r}")
+        return max(1, n_positions // 2)
+    if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or not 1 <= stride <= n_positions:
+        raise InputError(f"stride must be an integer in 1..{n_positions} (n_positions), got {stride!r}")
     return int(stride)
 
 
 def score(model: Model, ids, stride: int | None = None) -> np.ndarray:
     """float64 [len(ids) - 1]: log P(ids[i] | ids[:i]) for i = 1 .. len(ids) - 1, in windows of
-    n_positions tokens advancing by `stride` (default n_positions // 2) when the text is longer."""
+    n_positions tokens scoring `stride` new tokens each (default n_positions // 2) when the text is
+    longer than n_positions + 1 tokens (see the module docstring)."""
     ids = check_ids(ids, check_model(model).config.vocab_size)  # [N]
     if ids.size < 2:
         raise InputError(f"scoring needs at least 2 tokens (the first is only context for the next), got {ids.size}")
     n_positions = model.config.n_positions
     stride = check_stride(stride, n_positions)
     logprobs = np.empty(ids.size - 1)
-    begin, scored = 0, 1  # the window's first token; the first token not scored yet
-    while scored < ids.size:
-        end = min(begin + n_positions, ids.size)
-        logits = model.forward(ids[begin:end])  # [end - begin, vocab]: row j predicts ids[begin + j + 1]
-        for i in range(scored, end):
+    first, last = 1, min(n_positions, ids.size - 1)  # the window's first and last token to score
+    while True:
+        begin = max(0, last - n_positions)
+        logits = model.forward(ids[begin:last])  # [last - begin, vocab]: row j predicts ids[begin + j + 1]
+        for i in range(first, last + 1):
             logprobs[i - 1] = token_log_prob(logits[i - 1 - begin], ids[i])
-        begin, scored = begin + stride, end
-    return logprobs
+        if last == ids.size - 1:
+            return logprobs
+        first, last = last + 1, min(last + stride, ids.size - 1)

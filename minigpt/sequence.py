@@ -41,8 +41,14 @@ class Request:
 
     @property
     def max_positions(self) -> int:
-        """Positions its cache must hold at most: the prompt and every new token but the last (never fed)."""
-        return len(self.prompt) + max(self.max_new_tokens, 1) - 1
+        """Positions its cache must hold at most (see positions_needed)."""
+        return positions_needed(len(self.prompt), self.max_new_tokens)
+
+
+def positions_needed(prompt_len: int, max_new_tokens: int) -> int:
+    """Positions a generation feeds at most: the prompt and every new token but the last, which is
+    returned, never fed. It must be at most n_positions."""
+    return prompt_len + max(max_new_tokens, 1) - 1
 
 
 TRUNCATE_HINT = " or keep only the prompt's last tokens (truncate_prompt=True)"
@@ -57,7 +63,8 @@ def with_truncate_hint(error: MinigptError, hint: str) -> MinigptError:
 
 
 def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_prompt: bool = False) -> list[int]:
-    """Check a prompt before any work: ids, lengths, and that it fits in n_positions.
+    """Check a prompt before any work: ids, lengths, and that the generation fits in n_positions
+    (positions_needed: the last new token is never fed, so prompt + new tokens - 1 positions).
 
     An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do. With
     `truncate_prompt`, a prompt too long to leave room for the new tokens keeps its last tokens.
@@ -69,7 +76,7 @@ def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_promp
         if config.eos_token_id is None:
             raise InputError("the prompt is empty and this model's vocabulary has no <|endoftext|> to start from")
         ids = [config.eos_token_id]
-    room = config.n_positions - max_new_tokens
+    room = config.n_positions - positions_needed(0, max_new_tokens)  # the longest prompt that fits
     if len(ids) > room:
         if not truncate_prompt or room < 1:
             raise context_error(config.n_positions, len(ids), max_new_tokens, TRUNCATE_HINT if room >= 1 else "")
@@ -79,8 +86,9 @@ def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_promp
 
 def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
     """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
-    return ContextLengthError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds the context of "
-                              f"{n_positions} (n_positions); shorten them{hint}")
+    return ContextLengthError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens need "
+                              f"{positions_needed(prompt_len, max_new_tokens)} positions (the last new token is "
+                              f"never fed), beyond the context of {n_positions} (n_positions); shorten them{hint}")
 
 
 def check_stop(model: Model, stop) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from .cost import Cost, estimate, gpt2_architecture
 from .errors import InputError, MinigptError, check_int
 from .generate import generate
 from .model import Model
-from .sequence import context_error, prepare_prompt
+from .sequence import context_error, positions_needed, prepare_prompt
 from .tokenizer import valid_text
 
 OnStep = Callable[[str, int, float], None]  # (mode, tokens so far, that token's seconds)
@@ -59,7 +59,7 @@ def measure(model: Model, prompt_tokens: int, new_tokens: int, on_step: OnStep |
     long for the context fails before any work.
     """
     prompt_tokens, new_tokens = check_int(prompt_tokens, "prompt_tokens", 1), check_int(new_tokens, "new_tokens", 1)
-    if prompt_tokens + new_tokens > model.config.n_positions:
+    if positions_needed(prompt_tokens, new_tokens) > model.config.n_positions:
         raise context_error(model.config.n_positions, prompt_tokens, new_tokens)
     prompt = prepare_prompt(model, fixed_prompt(model, prompt_tokens), new_tokens)
     generate(model, prompt[:1], 1)  # the first BLAS calls, every weight's pages touched once

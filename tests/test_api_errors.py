@@ -458,12 +458,22 @@ def test_a_bad_sampling_option_is_named_before_any_work(tiny_model, no_work, ent
 
 
 @pytest.mark.parametrize("entry", GENERATE_ENTRY_POINTS)
-@pytest.mark.parametrize("prompt_length, n", [(250, 10), (1, 256), (0, 256), (300, 0)])
+@pytest.mark.parametrize("prompt_length, n", [(250, 8), (1, 257), (0, 257), (2, 256), (300, 0)])
 def test_prompt_plus_new_tokens_beyond_the_context_is_refused_before_any_work(
         tiny_model, no_work, entry, prompt_length, n):
+    """The last new token is never fed: prompt + new tokens - 1 positions must fit in the 256."""
     with pytest.raises(ContextLengthError) as caught:
         ENTRY_POINTS[entry](tiny_model, [464] * prompt_length, n)
     assert "256 (n_positions)" in str(caught.value) and f"{n} new tokens" in str(caught.value)
+
+
+@pytest.mark.parametrize("entry", GENERATE_ENTRY_POINTS)
+@pytest.mark.parametrize("prompt_length, n", [(250, 7), (1, 256), (0, 256), (256, 1), (256, 0)])
+def test_a_generation_may_fill_the_whole_context(tiny_model, entry, prompt_length, n):
+    """prompt + new tokens - 1 = 256 positions: the whole context is used, the last token returned unfed."""
+    tokens = [t.token for t in minigpt.stream(tiny_model, [464] * prompt_length, n, stop_at_eos=False)] \
+        if entry == "stream" else minigpt.generate(tiny_model, [464] * prompt_length, n, stop_at_eos=False).tokens
+    assert len(tokens) == n
 
 
 def test_forward_beyond_the_context_is_refused(tiny_model, no_work):
@@ -474,12 +484,12 @@ def test_forward_beyond_the_context_is_refused(tiny_model, no_work):
 def test_truncate_prompt_keeps_the_last_tokens(tiny_model):
     prompt = list(range(300))
     result = minigpt.generate(tiny_model, prompt, 6, truncate_prompt=True, stop_at_eos=False)
-    assert result.prompt_ids == prompt[-250:] and len(result.tokens) == 6
+    assert result.prompt_ids == prompt[-251:] and len(result.tokens) == 6  # 251 + 6 - 1 = 256 positions
 
 
 def test_truncate_prompt_cannot_make_room_for_more_tokens_than_the_context(tiny_model, no_work):
     with pytest.raises(ContextLengthError, match="256"):
-        minigpt.generate(tiny_model, [464], 256, truncate_prompt=True)
+        minigpt.generate(tiny_model, [464], 257, truncate_prompt=True)
 
 
 # Text: the empty prompt, a literal <|endoftext|>, any Unicode

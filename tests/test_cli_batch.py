@@ -211,8 +211,9 @@ BAD_LINES = [
     ({"prompt_ids": [1], "stop": 5}, [], '"stop" must be a list of strings, got 5'),
     ({"prompt_ids": [1], "stop": [5]}, [], "stop must be a list of strings, got [5]"),
     ({"prompt_ids": [1], "stop": ["x"]}, [], "stop strings need the model's tokenizer"),
-    ({"prompt_ids": list(range(60)), "max_new_tokens": 5}, [],
-     "prompt of 60 tokens + 5 new tokens exceeds the context of 64 (n_positions)"),
+    ({"prompt_ids": list(range(61)), "max_new_tokens": 5}, [],
+     "prompt of 61 tokens + 5 new tokens need 65 positions (the last new token is never fed), beyond the context "
+     "of 64 (n_positions)"),
     ({"prompt_ids": list(range(30)), "max_new_tokens": 5}, ["--kv-cache-tokens", "32", "--max-new-tokens", "5"],
      "30 prompt tokens + 5 new tokens need 48 cache positions (whole pages of 16); the pool holds 32"),
 ]

@@ -168,7 +168,7 @@ def generate_json(capsys, *argv: str) -> dict:
 def test_truncate_prompt_keeps_the_last_tokens(capsys, tokenizer):
     prompt = " ".join(f"word{i}" for i in range(200))
     result = generate_json(capsys, prompt, "--max-new-tokens", "6", "--truncate-prompt")
-    assert result["prompt_ids"] == minigpt.encode(tokenizer, prompt)[-250:]
+    assert result["prompt_ids"] == minigpt.encode(tokenizer, prompt)[-251:]  # 251 + 6 - 1 = 256 positions
 
 
 # Text
@@ -204,8 +204,8 @@ def test_score_usage_errors(capsys, argv, names):
 def test_score_refuses_what_it_cannot_score(capsys, tmp_path):
     assert_error(score(capsys, "", "--model", "random-tiny"), ["at least 2 tokens", "got 0"])
     assert_error(score(capsys, "Hello", "--model", "random-tiny"), ["at least 2 tokens", "got 1"])
-    assert_error(score(capsys, "a b c", "--model", "random-tiny", "--stride", "256"),
-                 ["stride must be an integer in 1..255", "got 256"])
+    assert_error(score(capsys, "a b c", "--model", "random-tiny", "--stride", "257"),
+                 ["stride must be an integer in 1..256", "got 257"])
     missing, latin1 = tmp_path / "missing.txt", tmp_path / "latin1.txt"
     latin1.write_bytes("café".encode("latin-1"))
     assert_error(score(capsys, "--file", str(missing), "--model", "random-tiny"),

@@ -285,7 +285,7 @@ def test_a_prompt_too_long_suggests_only_the_commands_own_options(capsys, tmp_pa
     else:
         argv = [long_prompt] if command == "generate" else ["--prompt", long_prompt]
     code, out, err = cli(capsys, *argv, "--model", "random-tiny", command=command)
-    assert code in (1, 2) and "exceeds the context of 256" in err and "truncate_prompt=True" not in err
+    assert code in (1, 2) and "beyond the context of 256" in err and "truncate_prompt=True" not in err
     assert (suggests in err) if suggests else ("truncate" not in err)
 
 

@@ -28,7 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--draft-tokens", type=positive_int, default=4, metavar="K",
                    help="with --speculate: at most K guesses per step (default 4)")
     p.add_argument("--truncate-prompt", action="store_true",
-                   help="if prompt + new tokens exceed the context, keep only the prompt's last tokens")
+                   help="if prompt + new tokens - 1 (the last is never fed) exceed the context, keep only the "
+                        "prompt's last tokens")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of streaming text")
     p.set_defaults(run=run)
 

@@ -46,6 +46,5 @@ def test_every_intermediate_stays_float32_in_forward_cached_decode_and_generatio
         seen.append(model.forward(ids[start:start + size], cache, trace=trace).dtype)
         seen.extend(a.dtype for a in trace.hidden + trace.attention)
         start += size
-    if len(ids) < model.config.n_positions:
-        generate(model, ids, model.config.n_positions - len(ids), temperature=0.7, seed=0)
+    generate(model, ids, model.config.n_positions - len(ids) + 1, temperature=0.7, seed=0)  # the whole context
     assert seen and set(seen) == {F32}, f"dtypes seen: {sorted(set(map(str, seen)))}"
