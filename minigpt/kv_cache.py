@@ -77,9 +77,10 @@ class KVCache:
         return self.k[:, :, slots], self.v[:, :, slots]
 
     def truncate(self, length: int) -> None:
-        """Forget every position from `length` on (a speculative rollback): their slots are zeroed."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
+        """Forget every position from `length` on (a speculative rollback, or a prefix continued another
+        way): their slots are zeroed, as fresh ones are."""
+        if check_int(length, "length", 0) > self.length:
+            raise InputError(f"cannot truncate a cache of length {self.length} to {length}")
         slots = self.slots(length, self.length)
         self.k[:, :, slots] = 0
         self.v[:, :, slots] = 0

@@ -481,6 +481,17 @@ def test_forward_beyond_the_context_is_refused(tiny_model, no_work):
         tiny_model.forward([464] * 257)
 
 
+@pytest.mark.parametrize("length, message", [(9, "cannot truncate a cache of length 5 to 9"),
+                                             (-1, "length must be an integer >= 0, got -1"),
+                                             (2.0, "length must be an integer >= 0, got 2.0")])
+def test_a_cache_truncated_to_a_length_it_does_not_hold_is_refused_and_left_as_it_was(tiny_model, length, message):
+    cache = tiny_model.new_cache()
+    tiny_model.forward([1, 2, 3, 4, 5], cache)
+    with pytest.raises(InputError, match=re.escape(message)):
+        cache.truncate(length)
+    assert cache.length == 5
+
+
 def test_truncate_prompt_keeps_the_last_tokens(tiny_model):
     prompt = list(range(300))
     result = minigpt.generate(tiny_model, prompt, 6, truncate_prompt=True, stop_at_eos=False)
