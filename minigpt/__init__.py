@@ -4,7 +4,7 @@
     model = minigpt.load("gpt2")                      # or a directory, a hub id, "random-124m"
     ids = minigpt.encode(model.tokenizer, "The dog")
     result = minigpt.generate(model, ids, max_new_tokens=20)
-    print(model.tokenizer.decode(result.tokens))
+    print(result.text)
     results = minigpt.generate_batch(model, [ids, ids[:1]], max_new_tokens=20)   # together, each as if alone
     logprobs = minigpt.score(model, ids)             # log P(ids[i] | ids[:i]) for i >= 1
 

@@ -36,7 +36,8 @@ def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, *, temperat
     top_logprobs = check_int(top_logprobs, "top_logprobs", 0)
     eos = model.config.eos_token_id if check_bool(stop_at_eos, "stop_at_eos") else None
     stop = check_stop(model, stop)
-    token_bytes = model.tokenizer.decode_single_token_bytes if stop else None
+    # the text and the stop strings need the tokenizer's bytes: it is built now, before any work
+    token_bytes = None if model.tokenizer_loader is None else model.tokenizer.decode_single_token_bytes
     return Request(tuple(prompt), int(max_new_tokens), sampling, eos, stop, top_logprobs, token_bytes)
 
 
@@ -84,9 +85,10 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
 
     temperature 0 is greedy; otherwise top_k, top_p and a seed shape and fix the sampling
     (minigpt.sampling). The sequence ends at <|endoftext|> (unless stop_at_eos=False), after
-    max_new_tokens, or before the first of the `stop` strings in its new text. top_logprobs=N also
-    records the N most likely tokens at each step. `speculate` ("ngram", or a draft Model) checks up
-    to `draft_tokens` guessed tokens per step (minigpt.speculative); the tokens are the same.
+    max_new_tokens, or at the token completing the first of the `stop` strings in its new text (its
+    `text` ends before the string; docs/sampling.md). top_logprobs=N also records the N most likely
+    tokens at each step. `speculate` ("ngram", or a draft Model) checks up to `draft_tokens` guessed
+    tokens per step (minigpt.speculative); the tokens are the same.
     on_step(tokens so far, that token's seconds) is called after each token (a progress bar); its
     own time is not counted in the next token's.
     """
@@ -109,9 +111,10 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
            seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
            truncate_prompt: bool = False, speculate=None, draft_tokens: int = 4) -> Iterator[StreamedToken]:
-    """Yield the new tokens as they are produced, each with its log-probabilities: `generate`'s
-    parameters (without on_step), checked at the call. With stop strings a token is held back until
-    it is sure not to be part of one."""
+    """Yield the new tokens as they are produced, each with its log-probabilities and the text it adds:
+    `generate`'s parameters (without on_step), checked at the call. A token is held back while its
+    text could still begin a stop string, so that the streamed texts concatenate to generate's `text`
+    and nothing streamed is taken back (docs/sampling.md)."""
     seq, loop = sequence_and_steps(
         model, prompt_ids, max_new_tokens, use_cache=use_cache, temperature=temperature, top_k=top_k, top_p=top_p,
         seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs, truncate_prompt=truncate_prompt,

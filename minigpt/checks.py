@@ -21,7 +21,7 @@ from .layers import Kernels
 from .paging import PagedCache
 from .params import GPT2Params
 from .sampling import SamplingOptions
-from .sequence import context_error
+from .sequence import context_error, positions_needed
 from .speculative import Drafter, ModelDrafter, NGramDrafter
 from .weights import expected_shapes, params_to_tensors
 
@@ -181,7 +181,8 @@ def with_truncate_hint(error: MinigptError, hint: str) -> MinigptError:
 
 
 def prepare_prompt(model: GPT2, prompt_ids, max_new_tokens: int, truncate_prompt: bool = False) -> list[int]:
-    """Check a prompt before any work: ids, lengths, and that it fits in n_positions.
+    """Check a prompt before any work: ids, lengths, and that the generation fits in n_positions
+    (positions_needed: the last new token is never fed, so prompt + new tokens - 1 positions).
 
     An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do. With
     `truncate_prompt`, a prompt too long to leave room for the new tokens keeps its last tokens.
@@ -193,7 +194,7 @@ def prepare_prompt(model: GPT2, prompt_ids, max_new_tokens: int, truncate_prompt
         if config.eos_token_id is None:
             raise InputError("the prompt is empty and this model's vocabulary has no <|endoftext|> to start from")
         ids = [config.eos_token_id]
-    room = config.n_positions - max_new_tokens
+    room = config.n_positions - positions_needed(0, max_new_tokens)  # the longest prompt that fits
     if len(ids) > room:
         if not truncate_prompt or room < 1:
             raise context_error(config.n_positions, len(ids), max_new_tokens, TRUNCATE_HINT if room >= 1 else "")
@@ -221,15 +222,11 @@ def check_stop(model: GPT2, stop) -> tuple[str, ...]:
 
 
 def check_stride(stride, n_positions: int) -> int:
-    """The stride between windows: default n_positions // 2; windows must overlap, so 1 .. n_positions - 1."""
-    if n_positions < 2:
-        raise InputError("a model whose context holds 1 token (n_positions) cannot score: a window must hold "
-                         "a token and its context")
+    """The tokens each window after the first scores: default n_positions // 2 (at least 1); 1 .. n_positions."""
     if stride is None:
-        return n_positions // 2
-    if isinstance(stride, bool) or not isinstance(stride, Integral) or not 1 <= stride < n_positions:
-        raise InputError(f"stride must be an integer in 1..{n_positions - 1} (n_positions - 1, so that windows "
-                         f"overlap), got {stride!r}")
+        return max(1, n_positions // 2)
+    if isinstance(stride, bool) or not isinstance(stride, Integral) or not 1 <= stride <= n_positions:
+        raise InputError(f"stride must be an integer in 1..{n_positions} (n_positions), got {stride!r}")
     return int(stride)
 
 

@@ -84,7 +84,8 @@ class Cost:
 
     @property
     def fits_context(self) -> bool:
-        return self.prompt + self.reply <= self.arch.n_positions
+        """The P + N - 1 positions the cached loop feeds fit in the context (the last token is never fed)."""
+        return self.cached_tokens <= self.arch.n_positions
 
 
 def token_counts(prompt: int, reply: int) -> tuple[int, int]:

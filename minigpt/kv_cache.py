@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .config import GPT2Config
+from .errors import InputError, check_int
 from .gpt2 import GPT2, embed, lm_head
 from .layers import Kernels, block
 
@@ -48,7 +49,10 @@ class KVCache:
         return attend
 
     def truncate(self, length: int) -> None:
-        """Forget every position from `length` on (a speculative step's rejected drafts)."""
+        """Forget every position from `length` on (a speculative rollback, or a prefix continued another
+        way); what their slots hold is never read again."""
+        if check_int(length, "length", 0) > self.length:
+            raise InputError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
 
     def copy(self) -> KVCache:

@@ -2,19 +2,22 @@
 produced with their log-probabilities, and the rules that end it.
 
 Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.loops), speculative
-decoding (minigpt.speculative) and batched generation (minigpt.batching). So they choose, record
+decoding (minigpt.speculative) and the engine (minigpt.engine). So they choose, record
 and stop alike, and a sequence's result does not depend on which loop produced it.
 
 A sequence ends at the first of: its end-of-text token (`stop_at_eos`), `max_new_tokens` tokens,
 or a stop string in its new text. Stop strings are matched on the UTF-8 bytes of the new tokens, so
-across token boundaries. The result then ends with the last whole token before the stop string
-that also ends a character: a token that straddles the boundary (part of its text before the stop
-string, part inside it) is dropped with its text, so that `tokens`, `logprobs` and the text always
-agree (docs/sampling.md).
+across token boundaries, as OpenAI's API, vLLM, Hugging Face and lm-evaluation-harness do them: the
+text ends immediately before the first stop string (a token that straddles it gives its text before
+the stop), and the tokens run up to and including the one that completed the stop string, each with
+its log-probability. Matching costs time linear in the new bytes, however many bytes are held back
+and however many stop strings there are (`StopMatcher`). Each token's share of the text is final
+once no stop string can begin before its end: `stream` yields it then (docs/sampling.md).
 """
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,7 +29,7 @@ from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, 
 
 @dataclass(frozen=True)
 class Request:
-    """A generation request, checked: the prompt as fed and every option."""
+    """A generation request, checked (minigpt.api.make_request): the prompt as fed and every option."""
 
     prompt: tuple[int, ...]  # as fed to the model (an empty prompt becomes (<|endoftext|>,))
     max_new_tokens: int
@@ -34,30 +37,38 @@ class Request:
     eos_token_id: int | None  # the token that ends the sequence; None: none does (stop_at_eos=False)
     stop: tuple[str, ...] = ()
     top_logprobs: int = 0
-    token_bytes: Callable[[int], bytes] | None = None  # a token's text as bytes: needed to match stop strings
+    token_bytes: Callable[[int], bytes] | None = None  # the tokenizer's; None: no text, no stop strings
 
     @property
     def max_positions(self) -> int:
-        """Positions its cache must hold at most: the prompt and every new token but the last (never fed)."""
-        return len(self.prompt) + max(self.max_new_tokens, 1) - 1
+        """Positions its cache must hold at most (see positions_needed)."""
+        return positions_needed(len(self.prompt), self.max_new_tokens)
+
+
+def positions_needed(prompt_len: int, max_new_tokens: int) -> int:
+    """Positions a generation feeds at most: the prompt and every new token but the last, which is
+    returned, never fed. It must be at most n_positions."""
+    return prompt_len + max(max_new_tokens, 1) - 1
 
 
 def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
     """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
-    return ContextLengthError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds the context of "
-                              f"{n_positions} (n_positions); shorten them{hint}")
+    return ContextLengthError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens need "
+                              f"{positions_needed(prompt_len, max_new_tokens)} positions (the last new token is "
+                              f"never fed), beyond the context of {n_positions} (n_positions); shorten them{hint}")
 
 
 @dataclass(frozen=True)
 class GenerationResult:
     prompt_ids: list[int]  # as fed to the model (an empty prompt becomes [<|endoftext|>])
-    tokens: list[int]  # the new token ids (with the end-of-text token when that ended it)
+    tokens: list[int]  # the new token ids (with the end-of-text token or the stop string's last token that ended it)
+    text: str | None  # the new text, ended before a stop string, without an ending <|endoftext|>; None: no tokenizer
     step_seconds: list[float]  # wall time of the step that produced each token (the first includes the prefill)
     logprobs: list[float]  # log P(token | everything before it) under the model's raw distribution
     top_logprobs: list[list[tuple[int, float]]] | None  # per token, the N most likely (id, logprob); None: not asked
     finish_reason: str  # "eos", "length" or "stop"
     use_cache: bool  # the cached loop (every loop but generate's naive one)
-    preemptions: int = 0  # times a batch scheduler took its cache away (minigpt.batching)
+    preemptions: int = 0  # times the engine's scheduler took its cache away (minigpt.engine)
     drafted: int = 0  # tokens proposed by a speculative drafter (minigpt.speculative)
     accepted: int = 0  # of those, how many the model accepted
     cached_tokens: int = 0  # prompt positions whose keys and values came from an engine's prefix cache
@@ -67,22 +78,63 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class StreamedToken:
-    """One token as `stream` yields it."""
+    """One token as `stream` yields it, once its share of the text is final. `text` is the text it
+    adds: "" for a token whose bytes only begin a character (the token completing it carries it), or
+    that lies past a stop string or ends the sequence; None without a tokenizer. Concatenated, the
+    texts are the result's `text`."""
 
     token: int
     logprob: float
     top_logprobs: list[tuple[int, float]] | None
+    text: str | None
 
 
-def incomplete_tail(data: bytes | bytearray) -> int:
-    """How many bytes at the end of `data` begin a UTF-8 character that is not complete yet (0 to 3)."""
-    for i in range(1, min(3, len(data)) + 1):
-        b = data[-i]
-        if b & 0xC0 == 0x80:  # a continuation byte: the character began further back
-            continue
-        need = 2 if b & 0xE0 == 0xC0 else 3 if b & 0xF0 == 0xE0 else 4 if b & 0xF8 == 0xF0 else 1
-        return i if need > i else 0
-    return 0
+def failure_table(pattern: bytes) -> list[int]:
+    """Knuth-Morris-Pratt's table: entry k is the length of the longest proper prefix of pattern[:k + 1]
+    that is also a suffix of it (where a partial match can resume after a mismatch)."""
+    table, k = [0] * len(pattern), 0
+    for i in range(1, len(pattern)):
+        while k and pattern[i] != pattern[k]:
+            k = table[k - 1]
+        if pattern[i] == pattern[k]:
+            k += 1
+        table[i] = k
+    return table
+
+
+class StopMatcher:
+    """Finds the first of several stop strings in bytes fed piece by piece. For each stop string it
+    keeps the length of its longest prefix that the bytes so far end with (Knuth-Morris-Pratt), so each
+    new byte costs amortised O(1) per stop string, never a rescan of what was held back."""
+
+    def __init__(self, stops: tuple[bytes, ...]):
+        self.stops = stops
+        self.tables = [failure_table(s) for s in stops]
+        self.matched = [0] * len(stops)  # per stop string: the prefix of it the bytes end with
+        self.length = 0  # bytes fed so far
+
+    def feed(self, data: bytes) -> int | None:
+        """Take the next bytes; the offset where the earliest stop string completed in them begins, or None."""
+        first = None
+        for j, (stop, table) in enumerate(zip(self.stops, self.tables)):
+            k = self.matched[j]
+            for i, byte in enumerate(data):
+                while k and stop[k] != byte:
+                    k = table[k - 1]
+                if stop[k] == byte:
+                    k += 1
+                if k == len(stop):  # this stop string's first occurrence: later ones begin later
+                    start = self.length + i + 1 - k
+                    first = start if first is None else min(first, start)
+                    break
+            self.matched[j] = k
+        self.length += len(data)
+        return first
+
+    @property
+    def open_from(self) -> int:
+        """Where the bytes that could still begin a stop string start: everything before is final."""
+        return self.length - max(self.matched)
 
 
 def check_finite(logits: np.ndarray) -> None:
@@ -102,16 +154,19 @@ class Sequence:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     finish_reason: str | None = None
-    released: int = 0  # tokens that can no longer be cut by a stop string (what `stream` may show)
+    released: int = 0  # tokens whose share of the text is final (what `stream` may show)
     preemptions: int = 0
     drafted: int = 0
     accepted: int = 0
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.request.sampling.seed)
-        self._text = bytearray()  # the new tokens' bytes, for stop strings
-        self._ends: list[int] = []  # where each token's bytes end in _text
-        self._stops = [s.encode() for s in self.request.stop]
+        self.texts: list[str] = []  # the text each released token adds
+        self._bytes = bytearray()  # the new text's bytes (an ending <|endoftext|> adds none)
+        self._ends: list[int] = []  # where each token's bytes end in _bytes
+        self._cut: int | None = None  # where the first stop string begins in _bytes, once found
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
+        self._stops = StopMatcher(tuple(s.encode() for s in self.request.stop)) if self.request.stop else None
         if self.request.max_new_tokens == 0:
             self.finish_reason = "length"
 
@@ -139,59 +194,42 @@ class Sequence:
             self.top_logprobs.append(top_log_probs(log_softmax(logits), self.request.top_logprobs))
         self.seconds.append(seconds)
         if token == self.request.eos_token_id:
-            self._finish("eos")
-        elif self._stops and self._match(token):
-            self._finish("stop")
-        elif len(self.tokens) == self.request.max_new_tokens:
-            self._finish("length")
-        elif not self._stops:
+            self.finish_reason = "eos"
+        elif self.request.token_bytes is not None:
+            data = self.request.token_bytes(token)
+            if self._stops is not None and (cut := self._stops.feed(data)) is not None:
+                self._cut, self.finish_reason = cut, "stop"
+            self._bytes += data
+        self._ends.append(len(self._bytes))
+        if not self.done and len(self.tokens) == self.request.max_new_tokens:
+            self.finish_reason = "length"
+        self._release()
+
+    def _release(self) -> None:
+        """Give each token whose bytes can no longer be cut by a stop string its share of the text."""
+        if self.request.token_bytes is None:
             self.released = len(self.tokens)
-
-    def _match(self, token: int) -> bool:
-        """Add the token's bytes; on a stop string, cut the sequence back before it and say so."""
-        before = len(self._text)
-        self._text += self.request.token_bytes(token)
-        self._ends.append(len(self._text))
-        longest = max(map(len, self._stops))
-        window = max(0, before - longest + 1)  # a new match must end in the new bytes
-        found = [i for i in (self._text.find(s, window) for s in self._stops) if i >= 0]
-        if found:
-            at = min(found)
-            keep = sum(1 for end in self._ends if end <= at)
-            while keep and incomplete_tail(self._text[:self._ends[keep - 1]]):  # never end inside a character
-                keep -= 1
-            self._cut(keep)
-            return True
-        hold = next((i for i in range(max(0, len(self._text) - longest + 1), len(self._text))
-                     if any(s.startswith(self._text[i:]) for s in self._stops)), len(self._text))
-        safe = min(hold, len(self._text) - incomplete_tail(self._text))
-        self.released = sum(1 for end in self._ends if end <= safe)
-        return False
-
-    def _cut(self, keep: int) -> None:
-        del self.tokens[keep:], self.logprobs[keep:], self.seconds[keep:], self._ends[keep:]
-        del self.top_logprobs[keep:]
-        del self._text[self._ends[-1] if self._ends else 0:]
-
-    def _finish(self, reason: str) -> None:
-        self.finish_reason = reason
-        self.released = len(self.tokens)
+            return
+        final = len(self._bytes) if self.done or self._stops is None else self._stops.open_from
+        cut = len(self._bytes) if self._cut is None else self._cut
+        while self.released < len(self.tokens) and self._ends[self.released] <= final:
+            i = self.released
+            start = self._ends[i - 1] if i else 0
+            last = self.done and i == len(self.tokens) - 1  # then bytes left in the decoder become U+FFFD
+            self.texts.append(self._decoder.decode(self._bytes[start:min(self._ends[i], cut)], last))
+            self.released += 1
 
     def result(self, use_cache: bool) -> GenerationResult:
         return GenerationResult(
-            list(self.request.prompt), list(self.tokens), list(self.seconds), list(self.logprobs),
+            list(self.request.prompt), list(self.tokens), None if self.request.token_bytes is None else "".join(self.texts),
+            list(self.seconds), list(self.logprobs),
             [list(t) for t in self.top_logprobs] if self.request.top_logprobs else None,
             self.finish_reason, use_cache, self.preemptions, self.drafted, self.accepted)
 
     def streamed(self, start: int) -> list[StreamedToken]:
         """Records of the released tokens from index `start` on."""
         top = self.top_logprobs if self.request.top_logprobs else None
-        return [StreamedToken(self.tokens[i], self.logprobs[i], None if top is None else top[i])
+        texts = self.texts if self.request.token_bytes is not None else None
+        return [StreamedToken(self.tokens[i], self.logprobs[i], None if top is None else top[i],
+                              None if texts is None else texts[i])
                 for i in range(start, self.released)]
-
-
-def generated_text(tokenizer, result: GenerationResult) -> str:
-    """The new text: the tokens decoded (bytes that are not UTF-8 replaced), without the
-    <|endoftext|> that ended the sequence."""
-    tokens = result.tokens[:-1] if result.finish_reason == "eos" else result.tokens
-    return tokenizer.decode_bytes(tokens).decode("utf-8", errors="replace")

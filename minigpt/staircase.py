@@ -23,7 +23,7 @@ from .errors import InputError, MinigptError, check_int
 from .loops import cached_steps, naive_steps
 from .gpt2 import GPT2
 from .sampling import SamplingOptions
-from .sequence import Request, Sequence, context_error
+from .sequence import Request, Sequence, context_error, positions_needed
 
 OnStep = Callable[[str, int, float], None]  # (mode, tokens so far, that token's seconds)
 MODES = ("naive", "cached")
@@ -56,7 +56,7 @@ def measure(gpt: GPT2, prompt_tokens: int, new_tokens: int, on_step: OnStep | No
     """Time both loops on the same prompt; a short warm-up first so that token 1 is not a cold start.
     The sizes are checked before any work: a request too long for the context fails at once."""
     prompt_tokens, new_tokens = check_int(prompt_tokens, "prompt_tokens", 1), check_int(new_tokens, "new_tokens", 1)
-    if prompt_tokens + new_tokens > gpt.config.n_positions:
+    if positions_needed(prompt_tokens, new_tokens) > gpt.config.n_positions:
         raise context_error(gpt.config.n_positions, prompt_tokens, new_tokens)
     prompt = fixed_prompt(gpt, prompt_tokens)
     timed(gpt, prompt[:1], 1, "cached")  # the first BLAS calls, every weight's pages touched once

@@ -1,14 +1,16 @@
 """GPT-2's byte-pair encoding, through tiktoken.
 
-tiktoken normally downloads GPT-2's two BPE tables (`encoder.json`, `vocab.bpe`) once and caches
-them. Hugging Face checkpoints carry the same tables as `vocab.json` + `merges.txt`, so a
-downloaded checkpoint tokenizes offline; `MINIGPT_BPE_DIR` can name a folder holding either pair.
-Local tables are read here, as they are now: tiktoken's own loader would keep a copy keyed by
-path in its download cache and never notice a changed file.
+GPT-2's two BPE tables (`encoder.json`, `vocab.bpe`, OpenAI's files, MIT-licensed) ship inside the
+package (minigpt/gpt2_bpe/), so tokenizing never needs the network. Hugging Face checkpoints carry
+the same tables as `vocab.json` + `merges.txt` and `MINIGPT_BPE_DIR` can name a folder holding
+either pair; those come first (docs/tokenizer.md). Tables are read here, as they are now:
+tiktoken's own loader would keep a copy keyed by path in its download cache and never notice a
+changed file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,13 +19,17 @@ from pathlib import Path
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
-from .errors import InputError, TokenizerError
+from .errors import InputError, TokenizerError, check_bool
 from .files import is_file
 
 ENDOFTEXT = "<|endoftext|>"
 GPT2_VOCAB_SIZE = 50257  # 50,000 merges + 256 bytes + <|endoftext|>
 # (merges file, token -> id file) as tiktoken's download names them and as the hub repos do.
 BPE_FILE_PAIRS = (("vocab.bpe", "encoder.json"), ("merges.txt", "vocab.json"))
+PACKAGED_BPE = Path(__file__).resolve().parent / "gpt2_bpe"
+# The packaged tables' SHA-256, the hashes tiktoken pins for its download of the same two files.
+PACKAGED_SHA256 = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+                   "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
 
 
 def find_bpe_files(directory: str | Path) -> tuple[Path, Path] | None:
@@ -85,8 +91,25 @@ def encoding_from_files(merges: Path, vocab: Path) -> tiktoken.Encoding:
                              special_tokens={ENDOFTEXT: len(ranks)})
 
 
+def packaged_tables() -> tuple[Path, Path]:
+    """The (merges, vocabulary) tables shipped in the package, their SHA-256 checked: a damaged or
+    edited install is refused by name, never tokenized with."""
+    for name, expected in PACKAGED_SHA256.items():
+        path = PACKAGED_BPE / name
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError as e:
+            raise TokenizerError(f"cannot read minigpt's packaged BPE table {path}: {e.strerror or e}; "
+                                 "reinstall minigpt") from None
+        if digest != expected:
+            raise TokenizerError(f"minigpt's packaged BPE table {path} is not GPT-2's: its SHA-256 is {digest}, "
+                                 f"not {expected}; reinstall minigpt")
+    return PACKAGED_BPE / "vocab.bpe", PACKAGED_BPE / "encoder.json"
+
+
 def gpt2_tokenizer(directory: str | Path | None = None) -> tiktoken.Encoding:
-    """GPT-2's encoding: from `directory`'s tables if it has them, else `MINIGPT_BPE_DIR`, else tiktoken's."""
+    """GPT-2's encoding from `directory`'s tables if it has them, else from `MINIGPT_BPE_DIR`'s, else
+    from the tables packaged with minigpt: never a download."""
     if directory is not None and not isinstance(directory, (str, os.PathLike)):
         raise InputError(f"directory must be a str or os.PathLike, got {type(directory).__name__}")
     if directory is not None and (files := find_bpe_files(directory)):
@@ -96,13 +119,7 @@ def gpt2_tokenizer(directory: str | Path | None = None) -> tiktoken.Encoding:
             return encoding_from_files(*files)
         raise TokenizerError(f"MINIGPT_BPE_DIR is {folder!r}, which holds neither "
                              + " nor ".join(f"{v} + {m}" for m, v in BPE_FILE_PAIRS))
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # tiktoken raises whatever its HTTP client raised when offline
-        raise TokenizerError(
-            "cannot get GPT-2's BPE tables: tiktoken could not download them "
-            f"({type(e).__name__}); set MINIGPT_BPE_DIR to a folder holding encoder.json and vocab.bpe"
-        ) from None
+    return encoding_from_files(*packaged_tables())
 
 
 def token_text(tokenizer: tiktoken.Encoding, token: int) -> str:
@@ -114,8 +131,10 @@ def token_text(tokenizer: tiktoken.Encoding, token: int) -> str:
 SURROGATE_ESCAPES = re.compile("([\udc80-\udcff]+)")
 
 
-def encode(tokenizer: tiktoken.Encoding, text: str) -> list[int]:
-    """Encode text; a literal "<|endoftext|>" in it is ordinary text, never the special token.
+def encode(tokenizer: tiktoken.Encoding, text: str, *, special_tokens: bool = True) -> list[int]:
+    """Encode text. A literal "<|endoftext|>" in it is the special token 50256, as Hugging Face's
+    GPT-2 tokenizer makes it (documents joined by it read as separate documents); with
+    special_tokens=False it is ordinary text, its 13 characters.
 
     Undecodable bytes that Python carries as surrogate escapes (a command line's, a file name's)
     are encoded as themselves, one byte token each, so the ids hold the bytes given. tiktoken alone
@@ -129,12 +148,17 @@ def encode(tokenizer: tiktoken.Encoding, text: str) -> list[int]:
     if not isinstance(text, str):
         raise InputError(f"encode takes text (a str), got {type(text).__name__}"
                          + ("; decode the bytes first" if isinstance(text, (bytes, bytearray)) else ""))
+    check_bool(special_tokens, "special_tokens")
+    documents = text.split(ENDOFTEXT) if special_tokens else [text]
     ids = []
-    for i, part in enumerate(SURROGATE_ESCAPES.split(text)):  # text, escaped bytes, text, ...
-        if i % 2:
-            ids += [tokenizer.encode_single_token(bytes([b])) for b in part.encode("utf-8", "surrogateescape")]
-        elif part:
-            ids += tokenizer.encode(part, disallowed_special=())
+    for n, document in enumerate(documents):
+        if n:
+            ids.append(tokenizer.eot_token)  # between two documents
+        for i, part in enumerate(SURROGATE_ESCAPES.split(document)):  # text, escaped bytes, text, ...
+            if i % 2:
+                ids += [tokenizer.encode_single_token(bytes([b])) for b in part.encode("utf-8", "surrogateescape")]
+            elif part:
+                ids += tokenizer.encode(part, disallowed_special=())
     return ids
 
 

@@ -1,8 +1,7 @@
-"""Shared test set-up: GPT-2's BPE tables from ../shared, Hypothesis profiles, small models.
+"""Shared test set-up: GPT-2's BPE tables, Hypothesis profiles, small models.
 
-Tests never touch the network. The tokenizer tables come from MINIGPT_BPE_DIR; when it is unset
-and the repository sits beside the workplace's shared/gpt2-bpe folder, that folder is used. Either
-folder may hold either pair of files the library accepts (minigpt.tokenizer.find_bpe_files).
+Tests never touch the network. The tokenizer tables are the ones packaged with minigpt
+(minigpt/gpt2_bpe/), or MINIGPT_BPE_DIR's when it is set, as the library itself looks for them.
 """
 
 from __future__ import annotations
@@ -15,11 +14,7 @@ from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a test that reached for the hub would fail, not hang
 
-from minigpt.tokenizer import BPE_FILE_PAIRS, find_bpe_files  # noqa: E402 (after HF_HUB_OFFLINE)
-
-SHARED_BPE = Path(__file__).resolve().parents[2] / "shared" / "gpt2-bpe"
-if "MINIGPT_BPE_DIR" not in os.environ and find_bpe_files(SHARED_BPE):
-    os.environ["MINIGPT_BPE_DIR"] = str(SHARED_BPE)
+from minigpt.tokenizer import PACKAGED_BPE, packaged_tables  # noqa: E402 (after HF_HUB_OFFLINE)
 
 # "dev" for local runs; "ci" bounds the examples and time. Both print the @reproduce_failure blob.
 settings.register_profile("dev", max_examples=50, deadline=None, print_blob=True,
@@ -30,20 +25,15 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 
 def bpe_dir() -> Path:
-    """MINIGPT_BPE_DIR when it holds GPT-2's tables as minigpt.tokenizer looks for them
-    (encoder.json + vocab.bpe, or vocab.json + merges.txt), or skip saying how to provide them."""
-    folder = os.environ.get("MINIGPT_BPE_DIR")
-    if not folder or find_bpe_files(folder) is None:
-        pytest.skip("GPT-2 BPE tables not found: set MINIGPT_BPE_DIR to a folder with "
-                    + " or ".join(f"{vocab} + {merges}" for merges, vocab in BPE_FILE_PAIRS))
-    return Path(folder)
+    """The folder of GPT-2's tables packaged with minigpt (encoder.json + vocab.bpe), their hashes checked."""
+    packaged_tables()
+    return PACKAGED_BPE
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
     from minigpt.tokenizer import gpt2_tokenizer
 
-    bpe_dir()
     return gpt2_tokenizer()
 
 

@@ -50,7 +50,7 @@ ALIASES = ("gpt2", "gpt2-medium", "distilgpt2", "random-124m")
 
 
 def make_checkpoint(directory: Path, config: GPT2Config = TINY) -> Path:
-    """A valid random checkpoint of `config` in `directory` (it uses the MINIGPT_BPE_DIR tokenizer)."""
+    """A valid random checkpoint of `config` in `directory` (it uses the packaged tables, or MINIGPT_BPE_DIR's)."""
     save_checkpoint(directory, config, random_params(config, seed=1))
     return directory
 
@@ -462,12 +462,22 @@ def test_a_bad_sampling_option_is_named_before_any_work(tiny_model, no_work, ent
 
 
 @pytest.mark.parametrize("entry", GENERATE_ENTRY_POINTS)
-@pytest.mark.parametrize("prompt_length, n", [(250, 10), (1, 256), (0, 256), (300, 0)])
+@pytest.mark.parametrize("prompt_length, n", [(250, 8), (1, 257), (0, 257), (2, 256), (300, 0)])
 def test_prompt_plus_new_tokens_beyond_the_context_is_refused_before_any_work(
         tiny_model, no_work, entry, prompt_length, n):
+    """The last new token is never fed: prompt + new tokens - 1 positions must fit in the 256."""
     with pytest.raises(ContextLengthError) as caught:
         ENTRY_POINTS[entry](tiny_model, [464] * prompt_length, n)
     assert "256 (n_positions)" in str(caught.value) and f"{n} new tokens" in str(caught.value)
+
+
+@pytest.mark.parametrize("entry", GENERATE_ENTRY_POINTS)
+@pytest.mark.parametrize("prompt_length, n", [(250, 7), (1, 256), (0, 256), (256, 1), (256, 0)])
+def test_a_generation_may_fill_the_whole_context(tiny_model, entry, prompt_length, n):
+    """prompt + new tokens - 1 = 256 positions: the whole context is used, the last token returned unfed."""
+    tokens = [t.token for t in minigpt.stream(tiny_model, [464] * prompt_length, n, stop_at_eos=False)] \
+        if entry == "stream" else minigpt.generate(tiny_model, [464] * prompt_length, n, stop_at_eos=False).tokens
+    assert len(tokens) == n
 
 
 def test_forward_beyond_the_context_is_refused(tiny_model, no_work):
@@ -475,15 +485,26 @@ def test_forward_beyond_the_context_is_refused(tiny_model, no_work):
         tiny_model.forward([464] * 257)
 
 
+@pytest.mark.parametrize("length, message", [(9, "cannot truncate a cache of length 5 to 9"),
+                                             (-1, "length must be an integer >= 0, got -1"),
+                                             (2.0, "length must be an integer >= 0, got 2.0")])
+def test_a_cache_truncated_to_a_length_it_does_not_hold_is_refused_and_left_as_it_was(tiny_model, length, message):
+    cache = tiny_model.new_cache()
+    tiny_model.forward([1, 2, 3, 4, 5], cache)
+    with pytest.raises(InputError, match=re.escape(message)):
+        cache.truncate(length)
+    assert cache.length == 5
+
+
 def test_truncate_prompt_keeps_the_last_tokens(tiny_model):
     prompt = list(range(300))
     result = minigpt.generate(tiny_model, prompt, 6, truncate_prompt=True, stop_at_eos=False)
-    assert result.prompt_ids == prompt[-250:] and len(result.tokens) == 6
+    assert result.prompt_ids == prompt[-251:] and len(result.tokens) == 6  # 251 + 6 - 1 = 256 positions
 
 
 def test_truncate_prompt_cannot_make_room_for_more_tokens_than_the_context(tiny_model, no_work):
     with pytest.raises(ContextLengthError, match="256"):
-        minigpt.generate(tiny_model, [464], 256, truncate_prompt=True)
+        minigpt.generate(tiny_model, [464], 257, truncate_prompt=True)
 
 
 # Text: the empty prompt, a literal <|endoftext|>, any Unicode
@@ -502,8 +523,10 @@ def test_an_empty_prompt_is_refused_without_an_endoftext_to_start_from(tiny_mode
 
 
 @pytest.mark.parametrize("text", ["<|endoftext|>", "a<|endoftext|>b", "<|endoftext|><|endoftext|>"])
-def test_a_literal_endoftext_is_ordinary_text(tokenizer, text):
+def test_a_literal_endoftext_is_the_special_token_or_ordinary_text_without_special_tokens(tokenizer, text):
     ids = minigpt.encode(tokenizer, text)
+    assert ids.count(EOT) == text.count("<|endoftext|>") and tokenizer.decode(ids) == text
+    ids = minigpt.encode(tokenizer, text, special_tokens=False)
     assert EOT not in ids and tokenizer.decode(ids) == text
 
 
@@ -513,12 +536,15 @@ def test_a_lone_surrogate_becomes_the_replacement_character(tokenizer):
 
 
 @given(st.lists(st.one_of(st.text(max_size=12), st.just("<|endoftext|>")), max_size=3).map("".join))
-def test_any_text_encodes_as_text_round_trips_and_can_be_continued(tiny_model, tokenizer, text):
-    """Property: any Unicode text, literal "<|endoftext|>" included, encodes without the special token,
-    decodes back to itself, and generation continues it (from <|endoftext|> when it is empty)."""
+def test_any_text_encodes_with_endoftext_as_its_token_round_trips_and_can_be_continued(tiny_model, tokenizer,
+                                                                                        text):
+    """Property: any Unicode text, literal "<|endoftext|>" included, encodes with one special token per
+    literal (none with special_tokens=False), decodes back to itself, and generation continues it (from
+    <|endoftext|> when it is empty)."""
     ids = minigpt.encode(tiny_model.tokenizer, text)
-    assert EOT not in ids
+    assert ids.count(EOT) == text.count("<|endoftext|>")
     assert tiny_model.tokenizer.decode(ids) == text
+    assert EOT not in minigpt.encode(tiny_model.tokenizer, text, special_tokens=False)
     assert minigpt.generate(tiny_model, ids, 1).prompt_ids == (ids or [EOT])
 
 

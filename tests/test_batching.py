@@ -75,8 +75,9 @@ def test_every_request_is_checked_before_any_work_and_named_by_index(model, call
 
 
 def test_a_prompt_too_long_is_not_told_of_an_option_generate_batch_lacks(model):
-    with pytest.raises(ContextLengthError, match=r"^prompt 1: prompt of 250 tokens \+ 10 new tokens exceeds the "
-                                                 r"context of 256 \(n_positions\); shorten them$"):
+    with pytest.raises(ContextLengthError, match=r"^prompt 1: prompt of 250 tokens \+ 10 new tokens need 259 positions "
+                                                 r"\(the last new token is never fed\), beyond the context of 256 "
+                                                 r"\(n_positions\); shorten them$"):
         generate_batch(model, [[1], [1] * 250], max_new_tokens=10)
 
 

@@ -26,7 +26,6 @@ from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
 from minigpt.config import GPT2Config
 from minigpt.weights import random_params
-from minigpt.sequence import generated_text
 
 SMALL = GPT2Config(vocab_size=300, n_positions=64, n_embd=16, n_layer=2, n_head=2, eos_token_id=None)
 SUMMARY = re.compile(r"(\d+) requests, ([\d,]+) tokens, ([\d.]+) s, ([\d,.]+) tokens/s, peak ([\d,]+) of ([\d,]+) "
@@ -214,8 +213,9 @@ BAD_LINES = [
     ({"prompt_ids": [1], "stop": 5}, [], '"stop" must be a list of strings, got 5'),
     ({"prompt_ids": [1], "stop": [5]}, [], "stop must be a list of strings, got [5]"),
     ({"prompt_ids": [1], "stop": ["x"]}, [], "stop strings need the model's tokenizer"),
-    ({"prompt_ids": list(range(60)), "max_new_tokens": 5}, [],
-     "prompt of 60 tokens + 5 new tokens exceeds the context of 64 (n_positions)"),
+    ({"prompt_ids": list(range(61)), "max_new_tokens": 5}, [],
+     "prompt of 61 tokens + 5 new tokens need 65 positions (the last new token is never fed), beyond the context "
+     "of 64 (n_positions)"),
     ({"prompt_ids": list(range(30)), "max_new_tokens": 5}, ["--kv-cache-tokens", "32", "--max-new-tokens", "5"],
      "30 prompt tokens + 5 new tokens need 48 cache positions (whole pages of 16); the pool holds 32"),
 ]
@@ -281,11 +281,12 @@ def test_text_prompts_stop_strings_and_the_text_field(capsys, tmp_path, tokenize
         result = minigpt.generate(model, minigpt.encode(tokenizer, line["prompt"]), 12, temperature=1.0, seed=0,
                                   stop=line.get("stop", ["x"]), top_logprobs=line.get("top_logprobs", 0))
         assert_same(output, result)
-        assert output["text"] == generated_text(tokenizer, result)
+        assert output["text"] == result.text
     assert outputs[0]["finish_reason"] == "stop" and outputs[0]["text"] == "".join(pieces[:cut])
     assert outputs[1]["text"] == "".join(pieces)  # null: no stop strings, not even --stop's
     assert outputs[2]["prompt_ids"] == [model.config.eos_token_id]
-    assert tokenizer.decode(outputs[3]["prompt_ids"]) == "naïve café <|endoftext|>"  # the literal is text
+    assert tokenizer.decode(outputs[3]["prompt_ids"]) == "naïve café <|endoftext|>"
+    assert outputs[3]["prompt_ids"][-1] == model.config.eos_token_id  # the literal is the special token
 
 
 # The real command: stdin, stdout, Ctrl-C

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def bpe_tables(tokenizer):
-    """Every command here tokenizes: skip (saying how to fix it) when GPT-2's BPE tables are missing."""
+    """Every command here tokenizes: the packaged tables, checked once for the module."""
 
 
 def cli(capsys, *argv: str, command: str = "generate") -> tuple[int, str, str]:
@@ -46,7 +46,7 @@ def cli(capsys, *argv: str, command: str = "generate") -> tuple[int, str, str]:
 
 
 def environment(hf_home: Path) -> dict[str, str]:
-    """This process's environment (MINIGPT_BPE_DIR from conftest) with the repository importable,
+    """This process's environment with the repository importable,
     the hub offline and its cache in `hf_home`."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home)}
@@ -168,7 +168,7 @@ def generate_json(capsys, *argv: str) -> dict:
 def test_truncate_prompt_keeps_the_last_tokens(capsys, tokenizer):
     prompt = " ".join(f"word{i}" for i in range(200))
     result = generate_json(capsys, prompt, "--max-new-tokens", "6", "--truncate-prompt")
-    assert result["prompt_ids"] == minigpt.encode(tokenizer, prompt)[-250:]
+    assert result["prompt_ids"] == minigpt.encode(tokenizer, prompt)[-251:]  # 251 + 6 - 1 = 256 positions
 
 
 # Text
@@ -178,9 +178,10 @@ def test_an_empty_prompt_starts_from_endoftext(capsys):
 
 
 @pytest.mark.parametrize("prompt", ["<|endoftext|>", "naïve café 😀 <|endoftext|> 中文 \u200b\x00"])
-def test_a_literal_endoftext_and_any_unicode_are_text(capsys, tokenizer, prompt):
+def test_a_literal_endoftext_is_its_token_and_any_unicode_is_text(capsys, tokenizer, prompt):
     result = generate_json(capsys, prompt, "--max-new-tokens", "2")
-    assert EOT not in result["prompt_ids"] and tokenizer.decode(result["prompt_ids"]) == prompt
+    assert result["prompt_ids"] == minigpt.encode(tokenizer, prompt) and EOT in result["prompt_ids"]
+    assert tokenizer.decode(result["prompt_ids"]) == prompt
     code, out, err = cli(capsys, prompt, "--model", "random-tiny", "--max-new-tokens", "2")
     assert code == 0 and out.startswith(prompt) and err == ""
 
@@ -203,8 +204,8 @@ def test_score_usage_errors(capsys, argv, names):
 def test_score_refuses_what_it_cannot_score(capsys, tmp_path):
     assert_error(score(capsys, "", "--model", "random-tiny"), ["at least 2 tokens", "got 0"])
     assert_error(score(capsys, "Hello", "--model", "random-tiny"), ["at least 2 tokens", "got 1"])
-    assert_error(score(capsys, "a b c", "--model", "random-tiny", "--stride", "256"),
-                 ["stride must be an integer in 1..255", "got 256"])
+    assert_error(score(capsys, "a b c", "--model", "random-tiny", "--stride", "257"),
+                 ["stride must be an integer in 1..256", "got 257"])
     missing, latin1 = tmp_path / "missing.txt", tmp_path / "latin1.txt"
     latin1.write_bytes("café".encode("latin-1"))
     assert_error(score(capsys, "--file", str(missing), "--model", "random-tiny"),

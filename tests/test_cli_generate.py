@@ -8,6 +8,7 @@ vocabulary, so a seeded sample holds tokens of every kind, pieces of multi-byte 
 
 from __future__ import annotations
 
+import codecs
 import json
 import subprocess
 import sys
@@ -20,7 +21,6 @@ from test_cli_errors import cli, environment
 import minigpt
 from minigpt.checkpoint import save_checkpoint
 from minigpt.weights import params_from_tensors, params_to_tensors, random_params
-from minigpt.sequence import generated_text, incomplete_tail
 
 PROMPT = "The dog"
 SAMPLED = dict(temperature=1.0, seed=0, stop_at_eos=False)  # 40 tokens of random-tiny, seed 0
@@ -34,28 +34,35 @@ def unstopped(tiny_model, tokenizer):
     return result, [tokenizer.decode_single_token_bytes(t) for t in result.tokens]
 
 
-def kept(pieces: list[bytes], stop: str) -> int:
-    """The specification: a stop string keeps the most tokens whose bytes end before its first
-    occurrence in the new text and at the end of a character."""
+def expected(pieces: list[bytes], stop: str) -> tuple[int, str]:
+    """The specification (OpenAI, vLLM, Hugging Face, lm-eval): the tokens up to and including the one
+    that completes the stop string's first occurrence, and the text before that occurrence."""
     data = b"".join(pieces)
     at = data.find(stop.encode())
     assert at >= 0, f"{stop!r} is not in the text"
-    ends = [0, *np.cumsum([len(p) for p in pieces]).tolist()]
-    return max(k for k, end in enumerate(ends) if end <= at and not incomplete_tail(data[:end]))
+    ends = np.cumsum([len(p) for p in pieces]).tolist()
+    return next(k + 1 for k, end in enumerate(ends) if end >= at + len(stop.encode())), \
+        data[:at].decode("utf-8", errors="replace")
 
 
-def check_stop(capsys, model, unstopped, stop: str) -> int:
+def ends_inside_a_character(data: bytes) -> bool:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder.decode(data)
+    return bool(decoder.getstate()[0])  # bytes of a character not complete yet
+
+
+def check_stop(capsys, model, unstopped, stop: str) -> tuple[int, str]:
     """Generate with `stop` through the API, `stream` and the CLI (JSON and streamed text); each
-    ends where the specification says and leaves the stop string out. Returns the tokens kept."""
+    ends where the specification says. Returns the tokens kept and the text."""
     full, pieces = unstopped
-    k = kept(pieces, stop)
+    k, text = expected(pieces, stop)
     ids = minigpt.encode(model.tokenizer, PROMPT)
     result = minigpt.generate(model, ids, 40, stop=[stop], **SAMPLED)
     assert result.finish_reason == "stop"
     assert result.tokens == full.tokens[:k] and result.logprobs == full.logprobs[:k]
-    text = generated_text(model.tokenizer, result)
-    assert stop not in text and text == b"".join(pieces[:k]).decode("utf-8", errors="replace")
-    assert [t.token for t in minigpt.stream(model, ids, 40, stop=[stop], **SAMPLED)] == result.tokens
+    assert result.text == text and stop not in text
+    streamed = list(minigpt.stream(model, ids, 40, stop=[stop], **SAMPLED))
+    assert [t.token for t in streamed] == result.tokens and "".join(t.text for t in streamed) == text
 
     code, out, err = cli(capsys, PROMPT, "--model", "random-tiny", *SAMPLED_ARGS, "--stop", "no such text",
                          "--stop", stop, "--json")
@@ -64,27 +71,31 @@ def check_stop(capsys, model, unstopped, stop: str) -> int:
     assert (document["tokens"], document["text"], document["finish_reason"]) == (result.tokens, text, "stop")
     code, out, err = cli(capsys, PROMPT, "--model", "random-tiny", *SAMPLED_ARGS, "--stop", stop)
     assert code == 0 and out == PROMPT + text + "\n", err
-    return k
+    return k, text
 
 
-def test_a_stop_string_across_tokens_ends_before_the_token_it_begins_in(capsys, tiny_model, unstopped):
+def test_a_stop_string_across_tokens_keeps_the_text_before_it_of_the_token_it_begins_in(capsys, tiny_model,
+                                                                                       unstopped):
     """A stop string made of the end of one token and the start of the next: that first token
-    straddles the boundary (its text begins before the stop string) and goes with the stop string."""
+    straddles the boundary and gives its text before the stop string; the next token completes it."""
     _, pieces = unstopped
     j = next(j for j in range(1, len(pieces) - 1)
              if all(p.isascii() and len(p.strip()) >= 3 for p in pieces[j:j + 2]))
     stop = (pieces[j][-2:] + pieces[j + 1][:2]).decode()
-    assert check_stop(capsys, tiny_model, unstopped, stop) == j
+    k, text = check_stop(capsys, tiny_model, unstopped, stop)
+    assert k == j + 2 and text.endswith(pieces[j][:-2].decode())
 
 
-def test_a_stop_string_never_leaves_the_text_ending_inside_a_character(capsys, tiny_model, unstopped):
+def test_a_stop_string_after_half_a_character_leaves_the_replacement_character(capsys, tiny_model, unstopped):
     """A token that ends with the first bytes of a multi-byte character, then a stop string in the
-    next token: the character can never be completed, so that token goes too."""
+    next token: the character is never completed, so the text ends with U+FFFD, as decoding the bytes
+    before the stop string gives."""
     _, pieces = unstopped
     j = next(j for j in range(len(pieces) - 1)
-             if incomplete_tail(b"".join(pieces[:j + 1])) and pieces[j + 1][:3].isascii())
+             if ends_inside_a_character(b"".join(pieces[:j + 1])) and pieces[j + 1][:3].isascii())
     stop = pieces[j + 1][:3].decode()
-    assert check_stop(capsys, tiny_model, unstopped, stop) == j  # token j, ending inside a character, is gone
+    k, text = check_stop(capsys, tiny_model, unstopped, stop)
+    assert k == j + 2 and text.endswith("\ufffd")
 
 
 # ------------------------------------------------------------------ --json

@@ -33,7 +33,7 @@ requires_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="
 
 @pytest.fixture(autouse=True)
 def bpe_tables(tokenizer):
-    """Every command here tokenizes: skip (saying how to fix it) when GPT-2's BPE tables are missing."""
+    """Every command here tokenizes: the packaged tables, checked once for the module."""
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +285,7 @@ def test_a_prompt_too_long_suggests_only_the_commands_own_options(capsys, tmp_pa
     else:
         argv = [long_prompt] if command == "generate" else ["--prompt", long_prompt]
     code, out, err = cli(capsys, *argv, "--model", "random-tiny", command=command)
-    assert code in (1, 2) and "exceeds the context of 256" in err and "truncate_prompt=True" not in err
+    assert code in (1, 2) and "beyond the context of 256" in err and "truncate_prompt=True" not in err
     assert (suggests in err) if suggests else ("truncate" not in err)
 
 

@@ -191,7 +191,13 @@ def test_ratios_print_with_about_three_significant_figures(ratio, text):
 def test_cli_text_shows_ratio_and_warns_beyond_the_context(capsys):
     assert main(["cost", "--prompt", "8192", "--reply", "1024"]) == 0
     out = capsys.readouterr().out
-    assert "8,912,384" in out and "967x" in out and "exceed gpt2's context of 1,024" in out
+    assert "8,912,384" in out and "967x" in out and "9,215 positions exceed gpt2's context of 1,024" in out
+
+
+@pytest.mark.parametrize("reply, fits", [(513, True), (514, False)])
+def test_the_context_holds_every_fed_position_and_the_last_token_is_never_fed(reply, fits):
+    """512 + 513 tokens feed 1,024 positions: they fit GPT-2's context, one more does not."""
+    assert estimate(gpt2_architecture("gpt2", GPT2_SIZES["gpt2"]), 512, reply).fits_context is fits
 
 
 @pytest.mark.parametrize("argv", [["cost", "--prompt", "0", "--reply", "4"], ["cost", "--reply", "4"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,24 @@ def test_forward_with_a_cache_appends_and_continues_in_place(model):
     rest = model.forward(x[12:], cache=cache)
     assert cache.length == 20
     np.testing.assert_array_equal(np.concatenate([first, rest]), model.forward(x))
+
+
+def test_a_truncated_or_copied_cache_continues_bitwise_as_a_fresh_one(model):
+    """A prefix continued two ways: truncate back to it, or fork with copy.deepcopy (docs/api.md). Each
+    continuation's logits are bitwise those of a cache that only ever held the prefix."""
+    prefix, a, b = ids(20, 1), ids(5, 2), ids(7, 3)
+    fresh = {}
+    for name, continuation in (("a", a), ("b", b)):
+        cache = model.new_cache()
+        model.forward(prefix, cache)
+        fresh[name] = model.forward(continuation, cache)
+    cache = model.new_cache()
+    model.forward(prefix, cache)
+    fork = copy.deepcopy(cache)
+    assert model.forward(a, cache).tobytes() == fresh["a"].tobytes()
+    assert model.forward(b, fork).tobytes() == fresh["b"].tobytes()
+    cache.truncate(len(prefix))
+    assert model.forward(b, cache).tobytes() == fresh["b"].tobytes()
 
 
 def test_the_cache_holds_the_keys_the_naive_pass_computes(model):

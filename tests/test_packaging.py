@@ -15,3 +15,12 @@ def test_setup_cfg_ships_every_package_of_the_source_tree(monkeypatch):
     packages = set(setupcfg.read_configuration("setup.cfg")["options"]["packages"])
     in_tree = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "minigpt").rglob("__init__.py")}
     assert packages == in_tree
+
+
+def test_setup_cfg_ships_gpt2s_bpe_tables_and_their_licence(monkeypatch):
+    """The packaged tables are package data: a non-editable `pip install .` carries them."""
+    setupcfg = pytest.importorskip("setuptools.config.setupcfg", reason="setuptools reads setup.cfg here")
+    monkeypatch.chdir(ROOT)
+    shipped = set(setupcfg.read_configuration("setup.cfg")["options"]["package_data"]["minigpt"])
+    assert shipped == {"gpt2_bpe/encoder.json", "gpt2_bpe/vocab.bpe", "gpt2_bpe/LICENSE", "gpt2_bpe/README.md"}
+    assert all((ROOT / "minigpt" / name).is_file() for name in shipped)

@@ -157,3 +157,18 @@ def test_matches_transformers_at_gpt2_small_size(hf_reference, tmp_path, record_
     ref = {"ids": prompt, **hf_reference(tmp_path, prompt, 8)}
     errors = [max(check_parity(tmp_path, ref, kernels).values()) for kernels in KERNELS]
     record_property("max_logit_error", max(errors))
+
+
+def test_a_generation_filling_the_whole_context_matches_transformers(hf_reference, tmp_path, record_property):
+    """40 prompt tokens + 9 new on 48 positions: the last new token is returned, never fed, so the
+    generation feeds exactly 48 positions, as transformers' does. Logits and greedy tokens, cached and
+    not, both kernel sets; speculative decoding and generate_batch give the same tokens."""
+    save_checkpoint(tmp_path, LIVE_CONFIG, random_params(LIVE_CONFIG, 8, make_fixtures.SCALE))
+    prompt = np.random.default_rng(11).integers(0, LIVE_CONFIG.vocab_size, LIVE_CONFIG.n_positions - 8)
+    ref = {"ids": prompt, **hf_reference(tmp_path, prompt, 9)}
+    errors = [max(check_parity(tmp_path, ref, kernels).values()) for kernels in KERNELS]
+    model = minigpt.load(tmp_path)
+    for drafter in ("ngram", model):
+        assert minigpt.generate(model, prompt, 9, speculate=drafter).tokens == ref["tokens"].tolist()
+    assert minigpt.generate_batch(model, [prompt, prompt[:1]], [9, 48])[0].tokens == ref["tokens"].tolist()
+    record_property("max_logit_error", max(errors))

@@ -22,7 +22,9 @@ from tiktoken_ext import openai_public
 
 import minigpt
 from minigpt.errors import TokenizerError
-from minigpt.tokenizer import ENDOFTEXT, find_bpe_files, gpt2_tokenizer, valid_text
+import minigpt.tokenizer
+from minigpt.tokenizer import (ENDOFTEXT, PACKAGED_BPE, PACKAGED_SHA256, find_bpe_files, gpt2_tokenizer,
+                              valid_text)
 
 EOT = 50256
 # The regex's cases (contractions, letters, digits, other, whitespace runs) and the special token's text.
@@ -33,8 +35,8 @@ TEXTS = st.text() | st.lists(st.sampled_from(PIECES) | st.text(max_size=3), max_
 
 @pytest.fixture(scope="session")
 def tables():
-    """(merges, vocabulary) files of GPT-2's tables, either pair minigpt accepts (session-scoped: found
-    before `offline` hides them)."""
+    """(merges, vocabulary) files of GPT-2's tables as packaged with minigpt (session-scoped: found
+    before `offline` hides MINIGPT_BPE_DIR)."""
     return find_bpe_files(bpe_dir())
 
 
@@ -59,7 +61,8 @@ def reference(tables, tmp_path_factory) -> tiktoken.Encoding:
 
 @pytest.fixture
 def offline(monkeypatch, tmp_path):
-    """No MINIGPT_BPE_DIR, an empty tiktoken cache, no tiktoken encodings in memory, and no network."""
+    """No MINIGPT_BPE_DIR, an empty tiktoken cache, no tiktoken encodings in memory, and no network
+    (tiktoken's downloads fail)."""
     monkeypatch.delenv("MINIGPT_BPE_DIR", raising=False)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
@@ -104,11 +107,14 @@ def test_known_ids(tokenizer, reference, text, ids):
 
 @given(text=TEXTS)
 def test_any_text_encodes_as_tiktoken_gpt2_and_round_trips(tokenizer, reference, text):
-    """Property: for any Unicode text, the ids are tiktoken gpt2's (special tokens read as plain text)
-    and decoding them gives the text back."""
+    """Property: for any Unicode text, the ids are tiktoken gpt2's (<|endoftext|> as the special token,
+    or with special_tokens=False as plain text) and decoding them gives the text back."""
     ids = minigpt.encode(tokenizer, text)
-    assert ids == reference.encode_ordinary(text)
+    assert ids == reference.encode(text, allowed_special="all")
     assert tokenizer.decode(ids) == text
+    ordinary = minigpt.encode(tokenizer, text, special_tokens=False)
+    assert ordinary == reference.encode_ordinary(text)
+    assert tokenizer.decode(ordinary) == text
 
 
 @given(st.binary(max_size=40) | st.lists(st.sampled_from([b"\xff", b"\xe4\xb8", b"\xc3\xa9", b" dog", b"\x00"]),
@@ -132,13 +138,22 @@ def test_any_lone_surrogate_encodes_without_error_and_decodes_as_valid_text(toke
 
 
 @pytest.mark.parametrize("text", [ENDOFTEXT, f"The dog{ENDOFTEXT}", f"{ENDOFTEXT}\n{ENDOFTEXT} end"])
-def test_a_literal_endoftext_is_plain_text(tokenizer, reference, text):
-    """"<|endoftext|>" in text is encoded as its characters, as tiktoken's encode_ordinary does, never as 50256."""
-    assert EOT in tokenizer.encode(text, allowed_special="all")  # the special token exists...
+def test_a_literal_endoftext_is_the_special_token_unless_special_tokens_is_false(tokenizer, reference, text):
+    """"<|endoftext|>" in text is 50256 wherever it stands, each document around it encoded on its own;
+    with special_tokens=False, its characters, as tiktoken's encode_ordinary does. Both decode back."""
     ids = minigpt.encode(tokenizer, text)
-    assert EOT not in ids  # ...but text never produces it
-    assert ids == reference.encode_ordinary(text)
-    assert tokenizer.decode(ids) == text
+    assert ids.count(EOT) == text.count(ENDOFTEXT)
+    assert ids == reference.encode(text, allowed_special={ENDOFTEXT})
+    ordinary = minigpt.encode(tokenizer, text, special_tokens=False)
+    assert EOT not in ordinary and ordinary == reference.encode_ordinary(text)
+    assert tokenizer.decode(ids) == tokenizer.decode(ordinary) == text
+
+
+def test_special_tokens_must_be_a_bool(tokenizer):
+    from minigpt.errors import InputError
+
+    with pytest.raises(InputError, match="special_tokens must be True or False, got 'no'"):
+        minigpt.encode(tokenizer, "a", special_tokens="no")
 
 
 def test_a_hub_layout_directory_gives_the_same_encoding(tokenizer, hub_layout, offline):
@@ -149,12 +164,24 @@ def test_a_hub_layout_directory_gives_the_same_encoding(tokenizer, hub_layout, o
     assert minigpt.encode(from_hub_layout, text) == minigpt.encode(tokenizer, text)
 
 
-def test_no_tables_and_no_network_is_a_tokenizer_error(offline, tmp_path):
-    """Neither a directory with tables, nor MINIGPT_BPE_DIR, nor tiktoken's cache: a TokenizerError that
-    says how to provide the tables, not the HTTP client's exception."""
+def test_without_other_tables_the_packaged_ones_are_used_offline(reference, offline, tmp_path):
+    """Neither a directory with tables, nor MINIGPT_BPE_DIR, nor tiktoken's cache, nor the network: the
+    tables shipped in the package give tiktoken's gpt2 tokens."""
     for directory in (None, tmp_path):
-        with pytest.raises(TokenizerError, match="MINIGPT_BPE_DIR"):
-            gpt2_tokenizer(directory)
+        assert token_bytes(gpt2_tokenizer(directory)) == token_bytes(reference)
+
+
+@pytest.mark.parametrize("damage", [lambda data: data[:99] + bytes([data[99] ^ 1]) + data[100:], lambda data: data[:-1]],
+                         ids=["a-byte-changed", "cut-short"])
+def test_packaged_tables_that_are_not_gpt2s_are_a_tokenizer_error(offline, tmp_path, monkeypatch, damage):
+    """The packaged tables are checked against their SHA-256 when read: a damaged install is named."""
+    for name in PACKAGED_SHA256:
+        shutil.copyfile(PACKAGED_BPE / name, tmp_path / name)
+    (tmp_path / "encoder.json").write_bytes(damage((tmp_path / "encoder.json").read_bytes()))
+    monkeypatch.setattr(minigpt.tokenizer, "PACKAGED_BPE", tmp_path)
+    with pytest.raises(TokenizerError, match=f"packaged BPE table {tmp_path / 'encoder.json'} is not GPT-2's: "
+                                             "its SHA-256 is [0-9a-f]{64}, not 1961.*; reinstall minigpt"):
+        gpt2_tokenizer()
 
 
 def test_tables_are_read_as_they_are_now(hub_layout, offline):
@@ -185,12 +212,16 @@ def test_a_bpe_folder_without_the_tables_is_named(tmp_path, monkeypatch):
 
 
 def test_an_embedded_model_loads_without_the_tables_and_tokenizes_on_first_use(tmp_path, monkeypatch):
-    """Work on ids alone never needs GPT-2's BPE tables; the tokenizer is built when first asked for."""
-    tables = bpe_dir()
+    """Loading never reads GPT-2's BPE tables; the tokenizer is built when first needed, by
+    `model.tokenizer` or by a generation (its result carries its text), and unusable tables fail there."""
     monkeypatch.setenv("MINIGPT_BPE_DIR", str(tmp_path))
-    model = minigpt.load("random-tiny")
-    assert minigpt.generate(model, [464, 3290], 3).tokens  # no tokenizer needed
+    model = minigpt.load("random-tiny")  # no tokenizer needed
     with pytest.raises(TokenizerError):
         model.tokenizer
-    monkeypatch.setenv("MINIGPT_BPE_DIR", str(tables))
-    assert minigpt.load("random-tiny").tokenizer.encode("The dog") == [464, 3290]
+    with pytest.raises(TokenizerError):
+        minigpt.generate(model, [464, 3290], 3)
+    monkeypatch.delenv("MINIGPT_BPE_DIR")
+    model = minigpt.load("random-tiny")
+    assert model.tokenizer.encode("The dog") == [464, 3290]
+    result = minigpt.generate(model, [464, 3290], 3)
+    assert result.text == model.tokenizer.decode(result.tokens)

@@ -26,7 +26,7 @@ from ..checks import check_stop
 from ..errors import InputError, MinigptError
 from ..model import Model
 from ..safetensors_format import unique_keys
-from ..sequence import GenerationResult, Request, generated_text
+from ..sequence import GenerationResult, Request
 from .common import (UsageError, add_model_options, add_sampling_options, encode_prompt, json_text, load_model,
                      positive_int)
 from .cost import binary
@@ -60,9 +60,10 @@ OUTPUT: one JSON object per input line, in input order, each written as soon as 
 before it are done (ASCII JSON: other characters as \\u escapes).
   "id"              the input's, or its line number
   "prompt_ids"      the prompt as fed (an empty prompt starts from <|endoftext|>: [50256])
-  "tokens"          the new token ids
-  "text"            the new text, without the <|endoftext|> that ended it; null when the model's
-                    vocabulary is not GPT-2's (it has no tokenizer and takes "prompt_ids" only)
+  "tokens"          the new token ids, up to and including the one that completed a stop string
+  "text"            the new text, ended before the first stop string and without the
+                    <|endoftext|> that ended it; null when the model's vocabulary is not GPT-2's
+                    (it has no tokenizer and takes "prompt_ids" only)
   "finish_reason"   "eos", "length" or "stop"
   "preemptions"     times the scheduler took the sequence's keys and values away to make room
                     (recomputed when it resumed: with the exact kernels, bitwise)
@@ -97,7 +98,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args)
-    tokenizer = model.tokenizer  # now, before any work: text prompts, stop strings and the output's text need it
+    model.tokenizer  # built now, before any work: text prompts, stop strings and the output's text need it
     check_stop(model, args.stop)  # an option's fault, not the first line's
     ids, requests, engine = checked_requests(model, args)
     pool = engine.pool
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             cached += result.cached_tokens
             pending[i] = result
             while written in pending:  # release in input order, each line in one write
-                out.write(json_text(as_json(ids[written], pending.pop(written), tokenizer)) + "\n")
+                out.write(json_text(as_json(ids[written], pending.pop(written))) + "\n")
                 out.flush()
                 written += 1
     seconds = time.perf_counter() - clock
@@ -231,10 +232,9 @@ def progress(total: int) -> Iterator[tuple[tqdm, Callable[[int], None]]]:
         yield bar, on_step
 
 
-def as_json(identity, result: GenerationResult, tokenizer) -> dict:
+def as_json(identity, result: GenerationResult) -> dict:
     """One output line (see the epilog)."""
-    line = {"id": identity, "prompt_ids": result.prompt_ids, "tokens": result.tokens,
-            "text": None if tokenizer is None else generated_text(tokenizer, result),
+    line = {"id": identity, "prompt_ids": result.prompt_ids, "tokens": result.tokens, "text": result.text,
             "finish_reason": result.finish_reason, "preemptions": result.preemptions, "logprobs": result.logprobs}
     if result.top_logprobs is not None:
         line["top_logprobs"] = result.top_logprobs

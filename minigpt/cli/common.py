@@ -61,7 +61,8 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=non_negative_int, default=None, help="a seed makes sampling reproducible")
     p.add_argument("--no-stop", action="store_true", help="keep going past <|endoftext|>")
     p.add_argument("--stop", action="append", metavar="TEXT",
-                   help="end before this text; the text is left out (repeatable: the first found ends)")
+                   help="end the text before this string; the tokens run to the one that completes it "
+                        "(repeatable: the first found ends)")
     p.add_argument("--top-logprobs", type=non_negative_int, default=0, metavar="N",
                    help="also record the N most likely tokens at each step with their log-probabilities "
                         "(in JSON output)")

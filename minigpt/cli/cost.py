@@ -57,7 +57,7 @@ def report(c: Cost) -> str:
              f"weights read per cached decode step: {c.weight_bytes_per_token:,} bytes "
              f"({binary(c.weight_bytes_per_token)})"]
     if not c.fits_context:
-        lines.append(f"note: {c.prompt + c.reply:,} tokens exceed {c.arch.name}'s context of "
+        lines.append(f"note: P + N - 1 = {c.cached_tokens:,} positions exceed {c.arch.name}'s context of "
                      f"{c.arch.n_positions:,}; the figures are arithmetic only")
     return "\n".join(lines)
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import codecs
 import sys
 
 from ..api import generate, stream
 from ..loading import load
-from ..sequence import GenerationResult, generated_text
+from ..sequence import GenerationResult
 from ..tokenizer import token_text, valid_text
 from .common import add_model_options, add_sampling_options, encode_prompt, load_model, positive_int, print_json
 
@@ -17,7 +16,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="continue a prompt",
                        description="Continue PROMPT with GPT-2, streaming the text as it is produced. "
                                    "An empty prompt starts from <|endoftext|>; a literal '<|endoftext|>' "
-                                   "in the prompt is encoded as ordinary text.")
+                                   "in the prompt is that special token, as in Hugging Face's tokenizer.")
     p.add_argument("prompt", help="the text to continue")
     add_model_options(p)
     add_sampling_options(p)
@@ -29,7 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--draft-tokens", type=positive_int, default=4, metavar="K",
                    help="with --speculate: at most K guesses per step (default 4)")
     p.add_argument("--truncate-prompt", action="store_true",
-                   help="if prompt + new tokens exceed the context, keep only the prompt's last tokens")
+                   help="if prompt + new tokens - 1 (the last is never fed) exceed the context, keep only the "
+                        "prompt's last tokens")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of streaming text")
     p.set_defaults(run=run)
 
@@ -49,15 +49,12 @@ def run(args: argparse.Namespace) -> int:
         print_json(as_json(generate(model, ids, args.max_new_tokens, **options), tokenizer, args))
         return 0
     tokens = stream(model, ids, args.max_new_tokens, **options)  # checks everything before printing
-    text = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
     sys.stdout.write(valid_text(args.prompt))
     sys.stdout.flush()
-    for token in tokens:  # with stop strings, a token comes only once it cannot be part of one
-        if token.token == model.config.eos_token_id and not args.no_stop:
-            break  # the <|endoftext|> that ends the text is not part of it
-        sys.stdout.write(text.decode(tokenizer.decode_single_token_bytes(token.token)))
+    for token in tokens:  # each with the text it adds, once no stop string can take it back
+        sys.stdout.write(token.text)
         sys.stdout.flush()
-    sys.stdout.write(text.decode(b"", final=True) + "\n")
+    sys.stdout.write("\n")
     return 0
 
 
@@ -75,7 +72,7 @@ def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace) -> di
         "finish_reason": result.finish_reason,
         "prompt": valid_text(args.prompt),  # undecodable bytes replaced; prompt_ids hold them
         "prompt_ids": result.prompt_ids, "tokens": result.tokens,
-        "text": generated_text(tokenizer, result),  # without the <|endoftext|> that ended it
+        "text": result.text,  # before a stop string, without the <|endoftext|> that ended it
         "logprobs": result.logprobs,
     })
     if result.top_logprobs is not None:

@@ -19,15 +19,17 @@ def add_parser(sub) -> None:
     p = sub.add_parser("score", help="log-probability and perplexity of a text",
                        description="Score a text: for every token after the first, its log-probability (in "
                                    "nats) given the tokens before it; then their total, mean, and the perplexity "
-                                   "exp(-mean). A text longer than the context is scored in windows of n_positions "
-                                   "tokens advancing by --stride, each token once (docs/sampling.md).")
+                                   "exp(-mean). A text of more than n_positions + 1 tokens is scored in windows "
+                                   "of n_positions tokens, each scoring the next --stride tokens, each token once "
+                                   "(docs/sampling.md).")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("text", nargs="?", metavar="TEXT", help="the text to score")
     source.add_argument("--file", type=Path, metavar="PATH", help="score this UTF-8 text file instead")
     add_model_options(p)
     p.add_argument("--stride", type=positive_int, default=None, metavar="N",
-                   help="for texts longer than the context: windows start every N tokens "
-                        "(1 .. n_positions - 1; default n_positions // 2)")
+                   help="for texts longer than the context: each window after the first scores the next N "
+                        "tokens with the n_positions before the last as context (1 .. n_positions; default "
+                        "n_positions // 2; n_positions: lm-eval's rolling windows)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.set_defaults(run=run)
 
@@ -64,7 +66,7 @@ def report(d: dict) -> str:
     rows = [[f"{i}", f"{token}", repr(text), "-" if logprob is None else f"{logprob:.4f}"]
             for i, (token, text, logprob) in enumerate(zip(d["tokens"], d["token_texts"], [None, *d["logprobs"]]))]
     lines = [f"{d['model']} ({d['kernels']} kernels): {n} tokens, {n - 1} scored (the first is only context)"
-             + (f"; windows of {windows} tokens every {d['stride']}" if n > windows else ""),
+             + (f"; windows of {windows} tokens scoring {d['stride']} more each" if n > windows + 1 else ""),
              "", *table([["i", "id", "token", "logprob"], *rows], numbers=(0, 1, 3)), "",
              f"total log-probability {d['total_logprob']:.4f} nats",
              f"mean per token        {d['mean_logprob']:.4f}", f"perplexity            {perplexity}"]

@@ -85,9 +85,9 @@ def batches(draw, kernels: Kernels = EXACT, scales=SCALES):
     n = draw(st.integers(1, 6), label="prompts")
     prompts, lengths, options = [], [], []
     for _ in range(n):
-        ids = draw(token_ids(model.config, max_size=model.config.n_positions - 1))
+        ids = draw(token_ids(model.config, max_size=model.config.n_positions))
         prompts.append(ids)
-        lengths.append(draw(st.integers(0, model.config.n_positions - len(ids)), label="max_new_tokens"))
+        lengths.append(draw(st.integers(0, model.config.n_positions - len(ids) + 1), label="max_new_tokens"))
         options.append(draw(sampling, label="sampling"))
     largest = max(pages_for(len(p) + max(m, 1) - 1) for p, m in zip(prompts, lengths))
     pool_pages = draw(st.integers(largest, largest * n + 1), label="pool pages")

@@ -35,8 +35,8 @@ def test_generation_equivalence_cached_and_naive_loops_generate_identical_tokens
     """generate() with and without the KV cache returns the same tokens, greedy and with seeded
     sampling (temperature, top-k, top-p), stopping at <|endoftext|> or not."""
     model = data.draw(models(min_positions=2))
-    ids = data.draw(token_ids(model.config, max_size=model.config.n_positions - 1))
-    n = data.draw(st.integers(1, model.config.n_positions - len(ids)), label="max_new_tokens")
+    ids = data.draw(token_ids(model.config, max_size=model.config.n_positions))
+    n = data.draw(st.integers(1, model.config.n_positions - len(ids) + 1), label="max_new_tokens")  # the whole context
     options = {**data.draw(sampling, label="sampling"), "stop_at_eos": data.draw(st.booleans(), label="stop_at_eos")}
     cached = generate(model, ids, n, use_cache=True, **options)
     naive = generate(model, ids, n, use_cache=False, **options)

@@ -51,6 +51,5 @@ def test_every_intermediate_stays_float32_in_forward_cached_decode_and_generatio
         trace = traced_forward(model, ids[start:start + size], cache)
         seen.extend(a.dtype for a in [*trace.hidden, *trace.keys, *trace.values, *trace.weights, trace.logits])
         start += size
-    if len(ids) < model.config.n_positions:
-        generate(model, ids, model.config.n_positions - len(ids), temperature=0.7, seed=0)
+    generate(model, ids, model.config.n_positions - len(ids) + 1, temperature=0.7, seed=0)  # the whole context
     assert seen and set(seen) == {F32}, f"dtypes seen: {sorted(set(map(str, seen)))}"

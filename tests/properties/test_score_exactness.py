@@ -18,8 +18,8 @@ def test_generate_logprobs_are_bitwise_score_of_prompt_plus_tokens(data):
     top-k / top-p), cached or naive: generate(...).logprobs == score(prompt_ids + tokens)[len(prompt_ids) - 1:],
     bit for bit."""
     model = data.draw(models(min_positions=2))
-    ids = data.draw(token_ids(model.config, max_size=model.config.n_positions - 1))
-    n = data.draw(st.integers(1, model.config.n_positions - len(ids)), label="max_new_tokens")
+    ids = data.draw(token_ids(model.config, max_size=model.config.n_positions))
+    n = data.draw(st.integers(1, model.config.n_positions - len(ids) + 1), label="max_new_tokens")  # the whole context
     sampling = data.draw(st.one_of(
         st.just({}),
         st.fixed_dictionaries({"temperature": st.sampled_from([0.5, 1.0, 3.0]), "seed": st.integers(0, 2**32 - 1),

@@ -45,8 +45,8 @@ def test_speculative_greedy_tokens_and_logits_are_bitwise_plain_greedy(data):
     a drafter of random tokens, and any k: the greedy tokens equal plain greedy decoding's, and the
     logits row behind each token is bitwise the row plain decoding computed for it."""
     model = data.draw(models(min_positions=2))
-    ids = data.draw(token_ids(model.config, max_size=model.config.n_positions - 1))
-    n = data.draw(st.integers(1, model.config.n_positions - len(ids)), label="max_new_tokens")
+    ids = data.draw(token_ids(model.config, max_size=model.config.n_positions))
+    n = data.draw(st.integers(1, model.config.n_positions - len(ids) + 1), label="max_new_tokens")  # the whole context
     k = data.draw(st.integers(1, 8), label="draft_tokens")
     kind = data.draw(drafters, label="drafter")
     stop_at_eos = data.draw(st.booleans(), label="stop_at_eos")
