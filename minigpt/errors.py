@@ -45,6 +45,10 @@ class ContextLengthError(InputError):
     """Prompt plus new tokens do not fit in the model's n_positions."""
 
 
+class DrafterError(InputError):
+    """A speculative drafter (`speculate=` an object of one's own) returned what its contract forbids."""
+
+
 class NumericalError(MinigptError):
     """The forward's activations stopped being finite: finite weights too large for float32 overflowed."""
 

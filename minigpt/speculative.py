@@ -32,14 +32,15 @@ Source: Inference Engineering (fanout.sh, inference-eng): the third fix of "The 
 
 from __future__ import annotations
 
+import reprlib
 import time
 from typing import Iterator, Protocol
 
 import numpy as np
 
-from .errors import ContextLengthError, InputError, check_int
+from .errors import ContextLengthError, DrafterError, InputError, check_int
 from .kv_cache import KVCache
-from .model import Model
+from .model import Model, check_ids
 from .sampling import SamplingOptions, filtered_log_probs
 from .sequence import Sequence
 
@@ -125,6 +126,49 @@ def check_speculation(model: Model, speculate, draft_tokens: int, max_positions:
     return ModelDrafter(speculate, max_positions)
 
 
+Q_TOLERANCE = 1e-6  # how far a row of q may sum from 1: float32 rounding, not a distribution forgotten
+
+
+def check_proposal(drafter: Drafter, proposal, k: int, vocab_size: int) -> tuple[list[int], np.ndarray | None]:
+    """A drafter's `propose` result checked against the contract, before the model trusts it:
+    (drafts, q) with at most k token ids in the vocabulary and q None or [len(drafts), vocab]
+    probabilities (finite, >= 0, each row summing to 1, every draft's own > 0: the acceptance rule
+    min(1, p/q) divides by it, and a q of zeros would accept every draft). A breach is a
+    DrafterError naming the drafter and what it returned. NGramDrafter and ModelDrafter keep the
+    contract by construction; the check is for drafters of one's own, and costs O(k * vocab)."""
+    def breach(problem: str) -> DrafterError:
+        return DrafterError(f"the drafter {type(drafter).__name__}'s propose returned {problem}; it must return "
+                            f"(drafts, q): at most {k} token ids and None or their probabilities [n, {vocab_size}]")
+
+    if not isinstance(proposal, tuple) or len(proposal) != 2:
+        raise breach(f"{type(proposal).__name__} {reprlib.repr(proposal)}")
+    drafts, q = proposal
+    try:
+        drafts = check_ids(drafts, vocab_size).tolist()
+    except InputError as e:
+        raise breach(f"drafts that are no token ids ({e})") from None
+    if len(drafts) > k:
+        raise breach(f"{len(drafts)} drafts where {k} were asked for")
+    if q is None:
+        return drafts, None
+    try:
+        q = np.asarray(q, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise breach(f"a q that is no array of numbers ({type(q).__name__})") from None
+    if q.shape != (len(drafts), vocab_size):
+        raise breach(f"q of shape {list(q.shape)} for {len(drafts)} drafts")
+    if not np.isfinite(q).all() or (q < 0).any():
+        raise breach("a q with negative, NaN or infinite probabilities")
+    sums = q.sum(axis=1)
+    if (abs(sums - 1) > Q_TOLERANCE).any():
+        i = int(np.argmax(abs(sums - 1)))
+        raise breach(f"a q whose row {i} sums to {sums[i]:.6g}, not 1")
+    if drafts and (q[np.arange(len(drafts)), drafts] <= 0).any():
+        i = int(np.flatnonzero(q[np.arange(len(drafts)), drafts] <= 0)[0])
+        raise breach(f"draft {i} ({drafts[i]}) with probability 0 in its row of q")
+    return drafts, q
+
+
 def verify_greedy(logits: np.ndarray, drafts: list[int]) -> list[int]:
     """Greedy verification: the model's tokens for rows 0 .. n of logits [k+1, vocab] while they
     confirm the drafts; the last one is the model's own (a correction or the bonus token)."""
@@ -170,7 +214,9 @@ def speculative_steps(model: Model, seq: Sequence, drafter: Drafter, draft_token
         clock = time.perf_counter()
         ids = seq.ids
         room = request.max_new_tokens - len(seq.tokens) - 1  # drafts that can still become tokens
-        drafts, q = drafter.propose(ids, min(k, room), options, seq.rng) if k and room > 0 else ([], None)
+        n = min(k, room)
+        drafts, q = check_proposal(drafter, drafter.propose(ids, n, options, seq.rng), n,
+                                   model.config.vocab_size) if n > 0 else ([], None)
         logits = model.forward([*ids[cache.length:], *drafts], cache, logits_to_keep=len(drafts) + 1)
         # [n+1, vocab]: the rows after ids, after d1, ..., after dn (the first step feeds the prompt too)
         if options.temperature == 0:
