@@ -53,10 +53,14 @@ class NumericalError(MinigptError):
     """The forward's activations stopped being finite: finite weights too large for float32 overflowed."""
 
 
-def check_int(value: object, name: str, minimum: int, error: type[MinigptError] = InputError) -> int:
-    """`value` as an int if it is an integer (Python or NumPy, not bool) >= minimum; else `error` naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise error(f"{name} must be an integer >= {minimum}, got {value!r}")
+def check_int(value: object, name: str, minimum: int, error: type[MinigptError] = InputError,
+              maximum: int | None = None) -> int:
+    """`value` as an int if it is an integer (Python or NumPy, not bool) in minimum..maximum (no
+    maximum: >= minimum); else `error` naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum \
+            or maximum is not None and value > maximum:
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise error(f"{name} must be an integer {bound}, got {value!r}")
     return int(value)
 
 

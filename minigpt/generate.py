@@ -58,7 +58,7 @@ def steps(model: Model, seq: Sequence, *, use_cache: bool, record: bool = False)
 def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, *, use_cache: bool, temperature: float,
                        top_k: int | None, top_p: float | None, seed: int | None, stop_at_eos: bool, stop,
                        top_logprobs: int, truncate_prompt: bool, speculate,
-                       draft_tokens: int) -> tuple[Sequence, Iterator]:
+                       draft_tokens: int | None) -> tuple[Sequence, Iterator]:
     """Check a request now, before any work; return its sequence and its loop, not yet started: the
     cached or naive `steps`, or speculative ones. The loop yields after every model step; the
     sequence holds what the steps produced. No defaults here: they are `generate`'s, which `stream`
@@ -69,25 +69,29 @@ def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, *, use_cac
     seq = new_sequence(model, request)
     use_cache = check_bool(use_cache, "use_cache")
     if speculate is None:
+        if draft_tokens is not None:  # an option without effect is a mistake, never silently ignored
+            raise InputError(f"draft_tokens ({draft_tokens!r}) has no effect without speculate (the drafter)")
         return seq, steps(model, seq, use_cache=use_cache)
     if not use_cache:
         raise InputError("speculative decoding checks drafts against the KV cache: it cannot run without it")
-    drafter = check_speculation(model, speculate, draft_tokens, request.max_positions)
+    drafter, draft_tokens = check_speculation(model, speculate, draft_tokens, request.max_positions)
     return seq, speculative_steps(model, seq, drafter, draft_tokens)
 
 
 def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
-             truncate_prompt: bool = False, speculate=None, draft_tokens: int = 4,
+             truncate_prompt: bool = False, speculate=None, draft_tokens: int | None = None,
              on_step: Callable[[int, float], None] | None = None) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` and time each one.
 
     temperature 0 is greedy; otherwise top_k, top_p and a seed shape and fix the sampling
     (minigpt.sampling). The sequence ends at <|endoftext|> (unless stop_at_eos=False), after
     max_new_tokens, or before the first of the `stop` strings in its new text. top_logprobs=N also
-    records the N most likely tokens at each step. `speculate` ("ngram", or a draft Model) checks up
-    to `draft_tokens` guessed tokens per step (minigpt.speculative); the tokens are the same.
+    records the N most likely tokens at each step (N at most 20). `speculate` ("ngram", a draft
+    Model or a Drafter) checks up to `draft_tokens` (default 4) guessed tokens per step
+    (minigpt.speculative): greedy, the tokens are plain greedy decoding's (bitwise with the exact
+    kernels); sampling, they follow the same distribution, though a seed gives other tokens.
     on_step(tokens so far, that token's seconds) is called after each token (a progress bar); its
     own time is not counted in the next token's.
     """
@@ -109,7 +113,8 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
 def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
            seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
-           truncate_prompt: bool = False, speculate=None, draft_tokens: int = 4) -> Iterator[StreamedToken]:
+           truncate_prompt: bool = False, speculate=None,
+           draft_tokens: int | None = None) -> Iterator[StreamedToken]:
     """Yield the new tokens as they are produced, each with its log-probabilities: `generate`'s
     parameters (without on_step), checked at the call. With stop strings a token is held back until
     it is sure not to be part of one."""

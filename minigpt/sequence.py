@@ -22,7 +22,7 @@ import numpy as np
 
 from .errors import ContextLengthError, InputError, MinigptError, check_bool, check_int
 from .model import Model, check_ids, check_model
-from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
+from .sampling import MAX_TOP_LOGPROBS, SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, *, temperat
     check_model(model)
     sampling = SamplingOptions(temperature, top_k, top_p, seed)
     prompt = prepare_prompt(model, prompt_ids, max_new_tokens, check_bool(truncate_prompt, "truncate_prompt"))
-    top_logprobs = check_int(top_logprobs, "top_logprobs", 0)
+    top_logprobs = check_int(top_logprobs, "top_logprobs", 0, maximum=MAX_TOP_LOGPROBS)
     eos = model.config.eos_token_id if check_bool(stop_at_eos, "stop_at_eos") else None
     return Request(tuple(prompt), int(max_new_tokens), sampling, eos, check_stop(model, stop), top_logprobs)
 

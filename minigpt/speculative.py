@@ -46,6 +46,7 @@ from .sequence import Sequence
 
 MAX_NGRAM = 3  # prompt lookup tries the last 3, then 2, then 1 tokens
 MAX_WAIT = 64  # plain steps at most between two single-draft tries
+DRAFT_TOKENS = 4  # draft_tokens by default: k's ceiling (the room left for new tokens caps it too)
 
 
 class Drafter(Protocol):
@@ -105,17 +106,19 @@ class ModelDrafter:
         self.cache.truncate(min(self.cache.length, n_positions))
 
 
-def check_speculation(model: Model, speculate, draft_tokens: int, max_positions: int) -> Drafter:
+def check_speculation(model: Model, speculate, draft_tokens: int | None,
+                      max_positions: int) -> tuple[Drafter, int]:
     """The drafter `speculate` names ("ngram", a draft Model, or any object with the Drafter
-    methods), checked against the model and the request."""
-    check_int(draft_tokens, "draft_tokens", 1)
+    methods), checked against the model and the request, and the most drafts per step (draft_tokens,
+    default DRAFT_TOKENS)."""
+    draft_tokens = check_int(DRAFT_TOKENS if draft_tokens is None else draft_tokens, "draft_tokens", 1)
     if isinstance(speculate, str):
         if speculate != "ngram":
             raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {speculate!r}")
-        return NGramDrafter()
+        return NGramDrafter(), draft_tokens
     if not isinstance(speculate, Model):
         if callable(getattr(speculate, "propose", None)) and callable(getattr(speculate, "accepted", None)):
-            return speculate
+            return speculate, draft_tokens
         raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {type(speculate).__name__}")
     if speculate.config.vocab_size != model.config.vocab_size:
         raise InputError(f"the draft model's vocabulary has {speculate.config.vocab_size} tokens and the "
@@ -123,7 +126,7 @@ def check_speculation(model: Model, speculate, draft_tokens: int, max_positions:
     if max_positions > speculate.config.n_positions:
         raise ContextLengthError(f"this request needs {max_positions} positions and the draft model's context "
                                  f"holds {speculate.config.n_positions} (n_positions)")
-    return ModelDrafter(speculate, max_positions)
+    return ModelDrafter(speculate, max_positions), draft_tokens
 
 
 Q_TOLERANCE = 1e-6  # how far a row of q may sum from 1: float32 rounding, not a distribution forgotten

@@ -447,6 +447,9 @@ BAD_OPTIONS = [  # generate's keyword arguments, the option the message must nam
     pytest.param(dict(seed=-1), "seed", id="seed<0"),
     pytest.param(dict(n=-1), "max_new_tokens", id="max_new_tokens<0"),
     pytest.param(dict(n=2.0), "max_new_tokens", id="max_new_tokens-float"),
+    pytest.param(dict(top_logprobs=21), r"top_logprobs must be an integer in 0\.\.20, got 21", id="top_logprobs>20"),
+    pytest.param(dict(top_logprobs=10 ** 20), "top_logprobs", id="top_logprobs-huge"),
+    pytest.param(dict(draft_tokens=4), r"draft_tokens \(4\) has no effect without speculate", id="draft-alone"),
 ]
 
 

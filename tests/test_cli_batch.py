@@ -78,7 +78,8 @@ def assert_same(output: dict, result: minigpt.GenerationResult) -> None:
     if result.top_logprobs is None:
         assert "top_logprobs" not in output
     else:
-        assert output["top_logprobs"] == [[list(pair) for pair in step] for step in result.top_logprobs]
+        assert [[(entry["id"], entry["logprob"]) for entry in step] for step in output["top_logprobs"]] == \
+            result.top_logprobs  # as {"id", "token", "logprob"} objects, as generate --json writes them
 
 
 # Order, ids, exactness
@@ -206,8 +207,10 @@ BAD_LINES = [
     ({"prompt_ids": [1], "top_k": 0}, [], "top_k must be an integer >= 1, got 0"),
     ({"prompt_ids": [1], "top_p": 1.5}, [], "top_p must be a number in (0, 1], got 1.5"),
     ({"prompt_ids": [1], "seed": -1}, [], "seed must be an integer >= 0, got -1"),
-    ({"prompt_ids": [1], "top_logprobs": -1}, [], "top_logprobs must be an integer >= 0, got -1"),
-    ({"prompt_ids": [1], "top_logprobs": None}, [], "top_logprobs must be an integer >= 0, got None"),
+    ({"prompt_ids": [1], "top_logprobs": -1}, [], "top_logprobs must be an integer in 0..20, got -1"),
+    ({"prompt_ids": [1], "top_logprobs": None}, [], "top_logprobs must be an integer in 0..20, got None"),
+    ({"prompt_ids": [1], "top_logprobs": 21}, [], "top_logprobs must be an integer in 0..20, got 21"),
+    ({"prompt_ids": [1], "top_logprobs": 10 ** 20}, [], "top_logprobs must be an integer in 0..20, got 1000"),
     ({"prompt_ids": [1], "stop": "x"}, [], "\"stop\" must be a list of strings, got 'x'"),
     ({"prompt_ids": [1], "stop": 5}, [], '"stop" must be a list of strings, got 5'),
     ({"prompt_ids": [1], "stop": [5]}, [], "stop must be a list of strings, got [5]"),
@@ -280,6 +283,8 @@ def test_text_prompts_stop_strings_and_the_text_field(capsys, tmp_path, tokenize
                                   stop=line.get("stop", ["x"]), top_logprobs=line.get("top_logprobs", 0))
         assert_same(output, result)
         assert output["text"] == generated_text(tokenizer, result)
+        for step in output.get("top_logprobs", []):
+            assert [entry["token"] for entry in step] == [tokenizer.decode([entry["id"]]) for entry in step]
     assert outputs[0]["finish_reason"] == "stop" and outputs[0]["text"] == "".join(pieces[:cut])
     assert outputs[1]["text"] == "".join(pieces)  # null: no stop strings, not even --stop's
     assert outputs[2]["prompt_ids"] == [model.config.eos_token_id]

@@ -28,7 +28,7 @@ from ..paging import PagePool
 from ..safetensors_format import unique_keys
 from ..sequence import GenerationResult, Request, check_stop, generated_text, make_request
 from .common import (UsageError, add_model_options, add_sampling_options, encode_prompt, json_text, load_model,
-                     positive_int)
+                     positive_int, top_logprobs_json)
 from .cost import binary
 
 LINE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "top_logprobs")  # as in the epilog
@@ -67,7 +67,9 @@ before it are done (ASCII JSON: other characters as \\u escapes).
   "preemptions"     times the scheduler took the sequence's keys and values away to make room
                     (recomputed when it resumed: with the exact kernels, bitwise)
   "logprobs"        each new token's log-probability under the model's raw distribution
-  "top_logprobs"    only when top_logprobs N > 0: per token, the N most likely [id, logprob]
+  "top_logprobs"    only when top_logprobs N > 0: per token, the N most likely, most likely first,
+                    as {"id", "token", "logprob"} (as generate --json and the OpenAI API write
+                    them; "token" is the id's text, null with "text")
 
 stderr: a progress bar (tqdm: finished requests, tokens/s; TQDM_DISABLE=1 hides it), then a
 summary: requests, tokens, wall time, tokens/s, peak pages in use (and their bytes), preemptions.
@@ -228,5 +230,5 @@ def as_json(identity, result: GenerationResult, tokenizer) -> dict:
             "text": None if tokenizer is None else generated_text(tokenizer, result),
             "finish_reason": result.finish_reason, "preemptions": result.preemptions, "logprobs": result.logprobs}
     if result.top_logprobs is not None:
-        line["top_logprobs"] = result.top_logprobs
+        line["top_logprobs"] = top_logprobs_json(tokenizer, result.top_logprobs)
     return line

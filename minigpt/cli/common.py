@@ -11,7 +11,8 @@ from ..errors import InputError, MinigptError
 from ..kernels import KERNELS
 from ..loading import load
 from ..model import Model
-from ..tokenizer import encode, valid_text
+from ..sampling import MAX_TOP_LOGPROBS
+from ..tokenizer import encode, token_text, valid_text
 
 
 class UsageError(InputError):
@@ -47,6 +48,7 @@ positive_int = checked(int, lambda v: v >= 1, ">= 1")
 non_negative_int = checked(int, lambda v: v >= 0, ">= 0")
 non_negative_float = checked(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")  # NaN fails too
 probability = checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
+top_count = checked(int, lambda v: 0 <= v <= MAX_TOP_LOGPROBS, f"in 0..{MAX_TOP_LOGPROBS}")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -62,9 +64,18 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-stop", action="store_true", help="keep going past <|endoftext|>")
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end before this text; the text is left out (repeatable: the first found ends)")
-    p.add_argument("--top-logprobs", type=non_negative_int, default=0, metavar="N",
-                   help="also record the N most likely tokens at each step with their log-probabilities "
-                        "(in JSON output)")
+    p.add_argument("--top-logprobs", type=top_count, default=0, metavar="N",
+                   help=f"also record the N most likely tokens at each step with their log-probabilities "
+                        f"(in JSON output; N at most {MAX_TOP_LOGPROBS}, as the OpenAI API allows)")
+
+
+def top_logprobs_json(tokenizer, top_logprobs: list[list[tuple[int, float]]]) -> list[list[dict]]:
+    """Per token, its most likely alternatives as {"id", "token", "logprob"} objects, the shape of
+    the OpenAI API's top_logprobs: a script reads each field by name, and a field can be added
+    without breaking it (an [id, logprob] pair would be read by position). "token" is the id's
+    text (bytes that are not UTF-8 replaced), null for a model without GPT-2's tokenizer."""
+    return [[{"id": t, "token": None if tokenizer is None else token_text(tokenizer, t), "logprob": lp}
+             for t, lp in step] for step in top_logprobs]
 
 
 def table(rows: list[list[str]], numbers: tuple[int, ...] = ()) -> list[str]:
