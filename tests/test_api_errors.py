@@ -620,7 +620,7 @@ def test_a_bpe_table_that_is_not_a_file_is_named_never_opened(tmp_path, monkeypa
                          ids=["fifo", "file"])
 def test_a_model_source_that_is_no_directory_says_what_it_is(tmp_path, make, what):
     make(tmp_path / "model")
-    assert f"is {what}; --model wants a checkpoint directory" in load_error(str(tmp_path / "model"),
+    assert f"is {what}, not a checkpoint directory" in load_error(str(tmp_path / "model"),
                                                                            ModelNotFoundError)
 
 

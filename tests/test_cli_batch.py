@@ -8,7 +8,10 @@ stdout, Ctrl-C) use random-tiny and GPT-2's tokenizer.
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -21,6 +24,7 @@ from test_cli_errors import environment
 
 import minigpt
 import minigpt.batching
+import minigpt.cli.batch
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
 from minigpt.config import GPT2Config
@@ -184,16 +188,16 @@ BAD_LINES = [
     ({"prompt_ids": [1], "temprature": 0.5}, [], 'unknown key "temprature"; a line\'s keys are id, prompt,'),
     ({"prompt": "a", "prompt_ids": [1]}, [], 'exactly one of "prompt" (text) and "prompt_ids"'),
     ({"id": 3}, [], 'exactly one of "prompt" (text) and "prompt_ids"'),
-    ({"prompt_ids": [1], "id": [1]}, [], '"id" must be a string, finite number, boolean or null, got [1]'),
-    ('{"prompt_ids": [1], "id": NaN}', [], '"id" must be a string, finite number, boolean or null, got nan'),
-    ('{"prompt_ids": [1], "id": -Infinity}', [], '"id" must be a string, finite number, boolean or null, got -inf'),
+    ({"prompt_ids": [1], "id": [1]}, [], 'id must be a string, finite number, boolean or null, got [1]'),
+    ('{"prompt_ids": [1], "id": NaN}', [], 'id must be a string, finite number, boolean or null, got nan'),
+    ('{"prompt_ids": [1], "id": -Infinity}', [], 'id must be a string, finite number, boolean or null, got -inf'),
     ('{"prompt_ids": [1], "prompt_ids": [2]}', [], "invalid JSON: key 'prompt_ids' appears twice in one object"),
     ('{"prompt": "a\x00b"}', [], "invalid JSON: Invalid control character at column 14\n"),
     ('{"prompt_ids": [1], "stop": [{"a": 1, "a": 2}]}', [], "invalid JSON: key 'a' appears twice in one object"),
     ('{"prompt_ids": ' + "[" * 100_000 + "]" * 100_000 + "}", [], "invalid JSON: nested too deeply"),
     ('{"prompt_ids": [1], "seed": ' + "7" * 5000 + "}", [], "invalid JSON: Exceeds the limit (4300 digits)"),
     ({"prompt_ids": [1], "temperature": 10 ** 400}, [], "temperature must be a finite number >= 0, got 1000"),
-    ({"prompt": 5}, [], '"prompt" must be a string (token ids go in "prompt_ids"), got 5'),
+    ({"prompt": 5}, [], 'prompt must be a string (token ids go in "prompt_ids"), got 5'),
     ({"prompt": "The dog"}, [], "not GPT-2's 50257, so it has no tokenizer for a text prompt"),
     ({"prompt_ids": "1 2"}, [], "token ids must be integers, got the text"),
     ({"prompt_ids": [1, 2.0]}, [], "token id at index 1 is 2.0, not an integer"),
@@ -211,9 +215,12 @@ BAD_LINES = [
     ({"prompt_ids": [1], "top_logprobs": None}, [], "top_logprobs must be an integer in 0..20, got None"),
     ({"prompt_ids": [1], "top_logprobs": 21}, [], "top_logprobs must be an integer in 0..20, got 21"),
     ({"prompt_ids": [1], "top_logprobs": 10 ** 20}, [], "top_logprobs must be an integer in 0..20, got 1000"),
-    ({"prompt_ids": [1], "stop": "x"}, [], "\"stop\" must be a list of strings, got 'x'"),
-    ({"prompt_ids": [1], "stop": 5}, [], '"stop" must be a list of strings, got 5'),
+    ({"prompt_ids": [1], "stop": "x"}, [], "stop must be a list of strings, got 'x'"),
+    ({"prompt_ids": [1], "stop": 5}, [], "stop must be a list of strings, got 5"),
     ({"prompt_ids": [1], "stop": [5]}, [], "stop must be a list of strings, got [5]"),
+    ({"prompt_ids": [1], "stop": {"a": 1}}, [], "stop must be a list of strings, got {'a': 1}"),
+    ('{"prompt_ids": [1], "id": "\\ud800"}', [], "id must be valid Unicode text, got '\\ud800', a lone surrogate"),
+    ('{"prompt_ids": [1], "id": "a\\udc00"}', [], "id must be valid Unicode text, got 'a\\udc00'"),
     ({"prompt_ids": [1], "stop": ["x"]}, [], "stop strings need the model's tokenizer"),
     ({"prompt_ids": list(range(60)), "max_new_tokens": 5}, [],
      "prompt of 60 tokens + 5 new tokens exceeds the context of 64 (n_positions)"),
@@ -246,24 +253,89 @@ def test_bytes_that_are_not_utf8_name_their_line(capsys, tmp_path, small):
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_bytes(b'{"prompt_ids": [1]}\n{"prompt": "caf\xe9"}\n')
     assert main(["batch", str(source), "-o", str(target), "--model", small]) == 2
-    assert capsys.readouterr().err == f"error: {source} line 2: not UTF-8 text (byte 16)\n"
+    assert capsys.readouterr().err == f"error: {source} line 2 is not UTF-8 text: byte 16 is 0xe9\n"  # from 1
     assert not target.exists()
 
 
 def test_a_missing_input_or_unwritable_output_is_a_usage_error(capsys, tmp_path, small):
     missing = tmp_path / "missing.jsonl"
     assert main(["batch", str(missing), "--model", small]) == 2
-    assert capsys.readouterr().err == f"error: cannot read INPUT {missing}: No such file or directory\n"
+    assert capsys.readouterr().err == f"error: cannot read INPUT '{missing}': No such file or directory\n"
     source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}])
     unwritable = tmp_path / "no" / "out.jsonl"
     assert main(["batch", str(source), "-o", str(unwritable), "--model", small]) == 2
     assert capsys.readouterr().err == f"error: cannot write OUTPUT {unwritable}: No such file or directory\n"
 
 
+# Bounded reads, BOMs, and what a path can be
+
+def run_batch(capsys, *argv: str) -> tuple[int, str]:
+    code = main(["batch", *argv])
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    return code, err
+
+
+def test_an_input_that_never_ends_is_refused_after_a_bounded_read(capsys, small):
+    code, err = run_batch(capsys, "/dev/zero", "--model", small)  # no newline, ever
+    assert (code, err) == (2, "error: /dev/zero line 1 is longer than 1,048,576 bytes (1 MiB): no prompt that "
+                              "fits in a context needs as many\n")
+
+
+def test_a_line_too_long_is_named_even_when_the_lines_before_it_are_fine(capsys, tmp_path, small):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"prompt_ids": [1]}\n\n' + b" " * (minigpt.cli.batch.MAX_LINE_BYTES + 1) + b"\n")
+    assert run_batch(capsys, str(source), "--model", small) == (
+        2, f"error: {source} line 3 is longer than 1,048,576 bytes (1 MiB): no prompt that fits in a context "
+           "needs as many\n")
+
+
+def test_more_lines_than_a_run_takes_are_refused_before_any_work(capsys, tmp_path, small, monkeypatch):
+    monkeypatch.setattr(minigpt.cli.batch, "MAX_LINES", 5)  # as 100,000: `yes ''` never ends
+    source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}] * 3 + [""] * 3)
+    assert run_batch(capsys, str(source), "--model", small) == (
+        2, f"error: {source} has more than 5 lines, more than one run takes; split it\n")
+    write_lines(source, [{"prompt_ids": [1], "max_new_tokens": 1}] * 5)  # at the limit
+    assert main(["batch", str(source), "-o", str(tmp_path / "out.jsonl"), "--model", small]) == 0
+
+
+def test_an_empty_path_is_named_not_read_as_the_current_directory(capsys, small):
+    assert run_batch(capsys, "", "--model", small) == (2, "error: INPUT is an empty path: name a file, or - for "
+                                                          "stdin\n")
+
+
+def test_a_leading_bom_is_skipped_in_a_file_and_on_stdin(capsys, tmp_path, small, monkeypatch):
+    lines = [{"id": "a", "prompt_ids": [1, 2]}, {"prompt_ids": [3], "max_new_tokens": 2}]
+    _, expected, _ = batch(capsys, tmp_path, lines, small)
+    source, target = tmp_path / "bom.jsonl", tmp_path / "bom-out.jsonl"
+    source.write_bytes(codecs.BOM_UTF8 + (tmp_path / "in.jsonl").read_bytes())
+    assert main(["batch", str(source), "-o", str(target), "--model", small]) == 0
+    assert [json.loads(line) for line in target.read_text().splitlines()] == expected
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes())))
+    assert main(["batch", "-", "-o", str(target), "--model", small]) == 0
+    assert [json.loads(line) for line in target.read_text().splitlines()] == expected
+    source.write_bytes(codecs.BOM_UTF8 * 2 + b'{"prompt_ids": [1]}\n')  # only one is skipped: the second is text
+    capsys.readouterr()
+    assert run_batch(capsys, str(source), "--model", small)[1].startswith(f"error: {source} line 1: invalid JSON")
+
+
+def test_a_pipe_such_as_a_process_substitution_is_read(capsys, tmp_path, small):
+    """`batch <(...)` names /dev/fd/N, a pipe: read as it comes, as a file is."""
+    read, write = os.pipe()
+    os.write(write, b'{"prompt_ids": [1, 2], "max_new_tokens": 3}\n')
+    os.close(write)
+    target = tmp_path / "out.jsonl"
+    try:
+        assert main(["batch", f"/dev/fd/{read}", "-o", str(target), "--model", small]) == 0, capsys.readouterr()
+    finally:
+        os.close(read)
+    assert [len(json.loads(line)["tokens"]) for line in target.read_text().splitlines()] == [3]
+
+
 def test_stop_strings_without_a_tokenizer_are_refused_as_the_option_not_a_line(capsys, tmp_path, small):
     code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1]}], small, "--stop", "x")
-    assert (code, outputs) == (1, None)
-    assert err.startswith("error: stop strings need the model's tokenizer") and err.count("\n") == 1
+    assert (code, outputs) == (2, None)  # a usage error, naming the option
+    assert err.startswith("error: argument --stop: stop strings need the model's tokenizer") and err.count("\n") == 1
 
 
 # Text (random-tiny: GPT-2's vocabulary and tokenizer)

@@ -174,7 +174,8 @@ def test_a_draft_model_with_another_vocabulary_is_refused(capsys):
 @pytest.mark.parametrize("stop, names", [("", ["stop string must not be empty"]),
                                          ("\udcff", ["stop string", "not valid Unicode"])])
 def test_a_bad_stop_string_is_refused(capsys, stop, names):
-    assert_error(cli(capsys, "hi", "--model", "random-tiny", "--stop", stop), names)
+    assert_error(cli(capsys, "hi", "--model", "random-tiny", "--stop", stop), ["argument --stop: ", *names],
+                 exit_code=2)
 
 
 def generate_json(capsys, *argv: str) -> dict:
@@ -222,14 +223,15 @@ def test_score_refuses_what_it_cannot_score(capsys, tmp_path):
     assert_error(score(capsys, "", "--model", "random-tiny"), ["at least 2 tokens", "got 0"])
     assert_error(score(capsys, "Hello", "--model", "random-tiny"), ["at least 2 tokens", "got 1"])
     assert_error(score(capsys, "a b c", "--model", "random-tiny", "--stride", "256"),
-                 ["stride must be an integer in 1..255", "got 256"])
+                 ["argument --stride: ", "stride must be an integer in 1..255", "got 256"], exit_code=2)
     missing, latin1 = tmp_path / "missing.txt", tmp_path / "latin1.txt"
     latin1.write_bytes("café".encode("latin-1"))
     assert_error(score(capsys, "--file", str(missing), "--model", "random-tiny"),
-                 [f"cannot read --file '{missing}'", "No such file"])
-    assert_error(score(capsys, "--file", str(tmp_path), "--model", "random-tiny"), ["cannot read --file"])
+                 [f"cannot read --file '{missing}'", "No such file"], exit_code=2)
+    assert_error(score(capsys, "--file", str(tmp_path), "--model", "random-tiny"), ["cannot read --file"],
+                 exit_code=2)
     assert_error(score(capsys, "--file", str(latin1), "--model", "random-tiny"),
-                 [f"--file '{latin1}' is not UTF-8 text", "byte 3 is 0xe9"])
+                 [f"--file '{latin1}' is not UTF-8 text", "byte 4 is 0xe9"], exit_code=2)  # from 1, as batch
 
 
 # Ctrl-C

@@ -16,7 +16,6 @@ import reprlib
 import sys
 import time
 from contextlib import closing, contextmanager
-from pathlib import Path
 from typing import IO, Callable, Iterator
 
 from tqdm import tqdm
@@ -27,13 +26,19 @@ from ..model import Model
 from ..paging import PagePool
 from ..safetensors_format import unique_keys
 from ..sequence import GenerationResult, Request, check_stop, generated_text, make_request
-from .common import (UsageError, add_model_options, add_sampling_options, encode_prompt, json_text, load_model,
-                     positive_int, top_logprobs_json)
+from ..tokenizer import valid_text
+from .common import (UsageError, add_model_options, add_sampling_options, check_option, encode_prompt, input_chunks,
+                     json_text, load_model, positive_int, top_logprobs_json, utf8_text)
 from .cost import binary
 
 LINE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "top_logprobs")  # as in the epilog
 KEYS = ("id", "prompt", "prompt_ids", *LINE_OPTIONS)
 DEFAULT_MAX_BATCH_SIZE = 16
+# A line holds one prompt, which must fit in a context: 1,024 GPT-2 tokens of at most 128 bytes each are
+# 128 KiB, 768 KiB written as \u escapes; ids take 7 bytes each. Each line becomes a request checked
+# and kept before any work (a few kB), and 100,000 requests are hours of generation.
+MAX_LINE_BYTES = 1 << 20
+MAX_LINES = 100_000
 
 DESCRIPTION = """\
 Generate a continuation for every line of INPUT, decoding up to B sequences together over one
@@ -42,13 +47,14 @@ result is bitwise the one `generate` gives for that prompt alone. The defaults a
 greedy, stop at end of text."""
 
 EPILOG = """\
-INPUT: one JSON object per line; blank lines are skipped (they still count in line numbers).
+INPUT: one JSON object per line, UTF-8 (a leading BOM skipped), at most 1 MiB a line and 100,000
+lines; blank lines are skipped (they still count in line numbers).
   {"id": "a", "prompt": "The dog"}
   {"prompt_ids": [464, 3290], "max_new_tokens": 5, "temperature": 0.8, "seed": 1}
   "prompt"          text to continue (GPT-2's tokenizer), or
   "prompt_ids"      token ids to continue: exactly one of the two
-  "id"              any string, number, boolean or null, copied to the output (default: the
-                    line number)
+  "id"              any string (valid Unicode), number, boolean or null, copied to the output
+                    (default: the line number)
   "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop" (a list of strings),
   "top_logprobs"    this line's value of the option of that name (--max-new-tokens, ...);
                     null for top_k, top_p, seed or stop turns the option off for the line
@@ -97,7 +103,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     tokenizer = model.tokenizer  # now, before any work: text prompts, stop strings and the output's text need it
-    check_stop(model, args.stop)  # an option's fault, not the first line's
+    check_option("--stop", check_stop, model, args.stop)  # an option's fault, not the first line's
     ids, requests, pool = checked_requests(model, args)
     clock = time.perf_counter()
     pending: dict[int, GenerationResult] = {}  # finished, waiting for the lines before them
@@ -143,20 +149,24 @@ def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list
 
 
 def read_lines(path: str, name: str) -> list[tuple[int, str]]:
-    """INPUT's lines that are not blank, each with its number (from 1)."""
-    if path == "-" and sys.stdin is None:
-        raise UsageError("cannot read INPUT -: stdin is closed")
-    try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    except OSError as e:
-        raise UsageError(f"cannot read INPUT {path}: {e.strerror or e}") from None
-    lines = []
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if raw.strip():
-            try:
-                lines.append((number, raw.decode("utf-8")))
-            except UnicodeDecodeError as e:
-                raise UsageError(f"{name} line {number}: not UTF-8 text (byte {e.start + 1})") from None
+    """INPUT's lines that are not blank, each with its number (from 1), read as they come and
+    bounded: a line of at most MAX_LINE_BYTES, at most MAX_LINES lines, so that an input that never
+    ends (/dev/zero, `yes`) is refused after a bounded read, never read until memory runs out."""
+    lines, pending, number = [], b"", 0
+    for chunk in input_chunks(path, "INPUT"):
+        *complete, pending = (pending + chunk).split(b"\n")
+        for at, raw in enumerate([*complete, pending], start=number + 1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise UsageError(f"{name} line {at} is longer than {MAX_LINE_BYTES:,} bytes (1 MiB): no "
+                                 "prompt that fits in a context needs as many")
+        for raw in complete:
+            number += 1
+            if raw.strip():
+                lines.append((number, utf8_text(raw, f"{name} line {number}")))
+        if number > MAX_LINES:
+            raise UsageError(f"{name} has more than {MAX_LINES:,} lines, more than one run takes; split it")
+    if pending.strip():
+        lines.append((number + 1, utf8_text(pending, f"{name} line {number + 1}")))
     return lines
 
 
@@ -180,14 +190,14 @@ def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos
         raise InputError('a line needs exactly one of "prompt" (text) and "prompt_ids" (token ids)')
     identity = line.get("id", number)
     if isinstance(identity, (list, dict)) or isinstance(identity, float) and not math.isfinite(identity):
-        raise InputError(f'"id" must be a string, finite number, boolean or null, got {reprlib.repr(identity)}')
+        raise InputError(f"id must be a string, finite number, boolean or null, got {reprlib.repr(identity)}")
+    if isinstance(identity, str) and valid_text(identity) != identity:  # JSON can spell "\ud800"
+        raise InputError(f"id must be valid Unicode text, got {reprlib.repr(identity)}, a lone surrogate: "
+                         "written out it would be U+FFFD, as another id's may be")
     if "prompt" in line and not isinstance(line["prompt"], str):
-        raise InputError(f'"prompt" must be a string (token ids go in "prompt_ids"), '
-                         f'got {reprlib.repr(line["prompt"])}')
+        raise InputError(f'prompt must be a string (token ids go in "prompt_ids"), got {reprlib.repr(line["prompt"])}')
     prompt = encode_prompt(model, line["prompt"]) if "prompt" in line else line["prompt_ids"]
     options = {**defaults, **{key: line[key] for key in LINE_OPTIONS if key in line}}
-    if not isinstance(options["stop"], (list, type(None))):
-        raise InputError(f'"stop" must be a list of strings, got {reprlib.repr(options["stop"])}')
     return identity, make_request(model, prompt, stop_at_eos=stop_at_eos, **options)
 
 

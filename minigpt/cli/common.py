@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import math
 import sys
+from contextlib import nullcontext
+from typing import Iterator
 
 from ..errors import InputError, MinigptError
 from ..kernels import KERNELS
@@ -18,6 +21,47 @@ from ..tokenizer import encode, token_text, valid_text
 class UsageError(InputError):
     """A mistake in how a command was called that argparse cannot see (a bad line of an input
     file): one line `error: ...` and exit 2, as argparse's own usage errors."""
+
+
+def check_option(option: str, check, *args):
+    """`check(*args)`, a library check of one option's value; its InputError becomes a usage error
+    naming the option as the user gave it (`stride must be ...` -> `argument --stride: ...`)."""
+    try:
+        return check(*args)
+    except InputError as e:
+        raise UsageError(f"argument {option}: {e}") from None
+
+
+CHUNK = 1 << 16
+
+
+def input_chunks(path: str, option: str) -> Iterator[bytes]:
+    """The bytes of the file at `path` (`-`: stdin) in chunks as they arrive, a leading UTF-8 BOM
+    skipped (as the utf-8-sig codec does). Anything that can be read works: a file, a pipe,
+    /dev/stdin, a process substitution <(...); a device that never ends is the caller's to bound
+    (it stops reading at its limit). Read faults are usage errors naming the `option` and the path."""
+    if path == "":
+        raise UsageError(f"{option} is an empty path: name a file, or - for stdin")
+    if path == "-" and sys.stdin is None:
+        raise UsageError(f"cannot read {option} -: stdin is closed")
+    name = f"{option} {path!r}"
+    try:
+        with nullcontext(sys.stdin.buffer) if path == "-" else open(path, "rb") as source:
+            chunk = source.read(CHUNK).removeprefix(codecs.BOM_UTF8)
+            while chunk:
+                yield chunk
+                chunk = source.read(CHUNK)
+    except OSError as e:
+        raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
+
+
+def utf8_text(data: bytes, name: str) -> str:
+    """`data` decoded as UTF-8, or a usage error naming `name` and the first bad byte, counted from 1
+    (after a leading BOM) as editors count columns and cmp counts bytes."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{name} is not UTF-8 text: byte {e.start + 1} is {data[e.start]:#04x}") from None
 
 
 def add_model_options(p: argparse.ArgumentParser, default: str = "gpt2") -> None:

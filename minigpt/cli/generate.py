@@ -6,13 +6,15 @@ import argparse
 import codecs
 import sys
 
+from ..errors import MinigptError
 from ..generate import generate, stream
 from ..loading import load
-from ..sequence import GenerationResult, generated_text
+from ..model import Model
+from ..sequence import GenerationResult, check_stop, generated_text
 from ..speculative import DRAFT_TOKENS
 from ..tokenizer import valid_text
-from .common import (UsageError, add_model_options, add_sampling_options, encode_prompt, load_model, positive_int,
-                     print_json, top_logprobs_json)
+from .common import (UsageError, add_model_options, add_sampling_options, check_option, encode_prompt, load_model,
+                     positive_int, print_json, top_logprobs_json)
 
 
 def add_parser(sub) -> None:
@@ -55,10 +57,11 @@ def run(args: argparse.Namespace) -> int:
     check_needed(args)
     model = load_model(args)
     tokenizer = model.tokenizer
+    check_option("--stop", check_stop, model, args.stop)
     ids = encode_prompt(model, args.prompt)  # undecodable bytes in the argument are kept as byte tokens
     speculate = None
     if args.speculate is not None:
-        speculate = "ngram" if args.speculate == "ngram" else load(args.speculate, kernels=args.kernels)
+        speculate = "ngram" if args.speculate == "ngram" else load_draft(args)
     options = dict(use_cache=not args.no_cache, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop, stop=args.stop,
                    top_logprobs=args.top_logprobs or 0, truncate_prompt=args.truncate_prompt,
@@ -77,6 +80,14 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     sys.stdout.write(text.decode(b"", final=True) + "\n")
     return 0
+
+
+def load_draft(args: argparse.Namespace) -> Model:
+    """The draft model --speculate names; its errors say so, as the model's name no option."""
+    try:
+        return load(args.speculate, kernels=args.kernels)
+    except MinigptError as e:
+        raise type(e)(f"--speculate: {e}") from None
 
 
 def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace) -> dict:
