@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -415,3 +416,43 @@ def test_ctrl_c_exits_130_and_every_line_written_is_whole_json(tmp_path, tokeniz
     assert 2 <= len(outputs) < 64
     assert [o["id"] for o in outputs] == list(range(1, len(outputs) + 1))
     assert all(len(o["tokens"]) == 250 for o in outputs)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux's F_GETPIPE_SZ to see a pipe is full")
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_a_signal_while_a_slow_pipe_takes_a_long_line_leaves_only_whole_lines(tmp_path, tokenizer, signum,
+                                                                              unbuffered):
+    """Lines of ~300 kB into a pipe of 64 KiB that nobody reads: the command is blocked inside line
+    1 when the signal comes. It finishes the line as the pipe is drained, then stops as the signal
+    says. Unbuffered (python -u), a short write used to drop the rest of the line silently."""
+    import fcntl
+    import termios
+
+    signum = getattr(signal, signum)
+    lines = [{"prompt_ids": [i + 1] * 5, "top_logprobs": 20} for i in range(8)]
+    source = write_lines(tmp_path / "in.jsonl", lines)
+    process = subprocess.Popen(
+        command(str(source), "--model", "random-tiny", "--max-new-tokens", "250", "--no-stop", "--max-batch-size", "1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**environment(tmp_path / "hf"),
+                                                             "PYTHONUNBUFFERED": unbuffered},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even if our SIGINT is ignored
+    )
+    try:
+        pipe = process.stdout.fileno()
+        capacity = fcntl.fcntl(pipe, fcntl.F_GETPIPE_SZ)
+        deadline = time.monotonic() + 60
+        while struct.unpack("i", fcntl.ioctl(pipe, termios.FIONREAD, b"\0" * 4))[0] < capacity:  # full: blocked
+            assert process.poll() is None, f"ended before the signal: {process.stderr.read()!r}"
+            assert time.monotonic() < deadline, "the pipe was not full within 60 s"
+            time.sleep(0.02)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=60)  # the slow reader now drains the pipe
+    finally:
+        process.kill()
+    assert process.returncode == (130 if signum == signal.SIGINT else -signum), err
+    assert b"Traceback" not in err
+    assert out.endswith(b"\n") and len(out) > capacity
+    outputs = [json.loads(line) for line in out.decode().splitlines()]
+    assert 1 <= len(outputs) < len(lines)
+    assert all(len(o["top_logprobs"]) == 250 for o in outputs)

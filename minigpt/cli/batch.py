@@ -16,7 +16,7 @@ import reprlib
 import sys
 import time
 from contextlib import closing, contextmanager
-from typing import IO, Callable, Iterator
+from typing import Callable, Iterator
 
 from tqdm import tqdm
 
@@ -27,8 +27,8 @@ from ..paging import PagePool
 from ..safetensors_format import unique_keys
 from ..sequence import GenerationResult, Request, check_stop, generated_text, make_request
 from ..tokenizer import valid_text
-from .common import (UsageError, add_model_options, add_sampling_options, check_option, encode_prompt, input_chunks,
-                     json_text, load_model, positive_int, top_logprobs_json, utf8_text)
+from .common import (Stream, UsageError, add_model_options, add_sampling_options, check_option, encode_prompt, input_chunks,
+                     json_text, load_model, positive_int, print_whole, top_logprobs_json, utf8_text)
 from .cost import binary
 
 LINE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "top_logprobs")  # as in the epilog
@@ -79,7 +79,8 @@ before it are done (ASCII JSON: other characters as \\u escapes).
 
 stderr: a progress bar (tqdm: finished requests, tokens/s; TQDM_DISABLE=1 hides it), then a
 summary: requests, tokens, wall time, tokens/s, peak pages in use (and their bytes), preemptions.
-Ctrl-C stops with exit status 130; every line already written is whole.
+Ctrl-C stops with exit status 130; every line already written is whole (one being written when
+the signal comes, or SIGTERM's or SIGHUP's, is finished first, even into a slow pipe).
 """
 
 
@@ -114,9 +115,8 @@ def run(args: argparse.Namespace) -> int:
             bar.update(1)
             tokens, preemptions = tokens + len(result.tokens), preemptions + result.preemptions
             pending[i] = result
-            while written in pending:  # release in input order, each line in one write
-                out.write(json_text(as_json(ids[written], pending.pop(written), tokenizer)) + "\n")
-                out.flush()
+            while written in pending:  # release in input order, each line whole (print_whole)
+                print_whole(json_text(as_json(ids[written], pending.pop(written), tokenizer)), out)
                 written += 1
     seconds = time.perf_counter() - clock
     print(f"{len(requests)} requests, {tokens:,} tokens, {seconds:.3f} s, {tokens / seconds:,.1f} tokens/s, "
@@ -202,21 +202,24 @@ def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos
 
 
 @contextmanager
-def output(path: str) -> Iterator[IO[str]]:
+def output(path: str) -> Iterator[Stream]:
     """OUTPUT opened for writing (stdout for -), only once every line of the input has been checked.
     A write that fails (a full disk, /dev/full) is an error naming OUTPUT, as stdout's are."""
     if path == "-":
         yield sys.stdout
         return
+    def failed(e: OSError):
+        raise MinigptError(f"cannot write OUTPUT {path}: {e.strerror or e}") from None
+
     try:
         file = open(path, "w", encoding="utf-8")
     except OSError as e:
         raise UsageError(f"cannot write OUTPUT {path}: {e.strerror or e}") from None
     try:
         with file:
-            yield file
-    except OSError as e:
-        raise MinigptError(f"cannot write OUTPUT {path}: {e.strerror or e}") from None
+            yield Stream(file, failed)
+    except OSError as e:  # closing it
+        failed(e)
 
 
 @contextmanager

@@ -6,9 +6,12 @@ import argparse
 import codecs
 import json
 import math
+import os
+import signal
 import sys
-from contextlib import nullcontext
-from typing import Iterator
+import threading
+from contextlib import contextmanager, nullcontext, suppress
+from typing import IO, Callable, Iterator
 
 from ..errors import InputError, MinigptError
 from ..kernels import KERNELS
@@ -133,7 +136,87 @@ def table(rows: list[list[str]], numbers: tuple[int, ...] = ()) -> list[str]:
 
 def print_json(document: dict) -> None:
     """`document` as indented JSON on stdout (see json_text)."""
-    print(json_text(document, indent=2))
+    print_whole(json_text(document, indent=2))
+
+
+HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP held back while the block runs, then acted on as they would have
+    been (KeyboardInterrupt, or the default action: the process ends by that signal). Only the main
+    thread can set handlers, and only it receives them: elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {s: signal.getsignal(s) for s in HELD_SIGNALS}
+    previous = {s: handler for s, handler in previous.items() if handler is not None}  # None: set outside Python
+    for s in previous:
+        signal.signal(s, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(held):
+            signal.raise_signal(s)
+
+
+def print_whole(text: str, stream: Stream | None = None) -> None:
+    """`text` and a newline written to `stream` (default stdout) to the last byte before any signal
+    is acted on. A pipe whose reader is slow takes a long line in pieces, and a signal between two
+    pieces used to end the command with part of a line written (65,536 bytes of it); now every
+    output holds only whole lines, whatever the signal and the moment. A reader that stops reading
+    keeps the command waiting, as it would any writer; closing it ends the command."""
+    with signals_held():
+        (sys.stdout if stream is None else stream).write_whole(text + "\n")
+
+
+class Stream:
+    """An output stream whose failed writes and flushes go to `failed` (stdout's raise OutputError,
+    stderr's are dropped, OUTPUT's name it); its descriptor then points to /dev/null, so that nothing
+    fails twice, not even Python's last flush at exit (which would turn the exit status into 120)."""
+
+    def __init__(self, stream: IO[str], failed: Callable[[OSError], None]):
+        self.stream, self.failed = stream, failed
+
+    def write(self, text: str):
+        return self.guard(self.stream.write, text)
+
+    def flush(self) -> None:
+        self.guard(self.stream.flush)
+
+    def write_whole(self, text: str) -> None:
+        """`text` written to the last byte, with os.write on the descriptor until every byte is out
+        (a signal makes a pipe take fewer, and an unbuffered stream, python -u, would drop the rest)."""
+        self.guard(self._write_whole, text)
+
+    def _write_whole(self, text: str) -> None:
+        self.stream.flush()  # what was written before comes first
+        try:
+            descriptor = self.stream.fileno()
+        except (OSError, ValueError):  # an in-memory stream (tests) takes it in one call
+            self.stream.write(text)
+            return self.stream.flush()
+        data = memoryview(text.encode(self.stream.encoding or "utf-8", self.stream.errors or "strict"))
+        while data:
+            data = data[os.write(descriptor, data):]
+
+    def guard(self, call, *args):
+        try:
+            return call(*args)
+        except OSError as error:
+            with suppress(OSError, ValueError, AttributeError):  # a stream without a descriptor (tests)
+                descriptor = self.stream.fileno()
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, descriptor)
+                os.close(null)
+            return self.failed(error)
+
+    def __getattr__(self, name: str):  # encoding, isatty, fileno, ...: the stream's own
+        return getattr(self.stream, name)
 
 
 def json_text(document: dict, indent: int | None = None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..cost import ARCHITECTURES, DTYPE_BYTES, Cost, estimate
-from .common import checked, print_json, table
+from .common import checked, print_json, print_whole, table
 
 token_count = checked(int, lambda v: 1 <= v <= 10 ** 15, "in 1..10**15")  # beyond any context; floats stay finite
 
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(as_json(c))
     else:
-        print(report(c))
+        print_whole(report(c))
     return 0
 
 

@@ -10,7 +10,7 @@ from ..model import Model
 from ..scoring import check_stride, score
 from ..tokenizer import token_text
 from .common import (UsageError, add_model_options, check_option, encode_prompt, input_chunks, load_model,
-                     positive_int, print_json, table, utf8_text)
+                     positive_int, print_json, print_whole, table, utf8_text)
 
 # --file's bound: about a million GPT-2 tokens, an hour and more of windows for GPT-2 small on two cores,
 # and a few hundred MB of per-token results; wikitext-2's test split (1.3 MB), the usual perplexity
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(document)
     else:
-        print(report(document))
+        print_whole(report(document))
     return 0
 
 

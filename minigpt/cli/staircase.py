@@ -14,7 +14,7 @@ from tqdm import tqdm
 from ..errors import InputError
 from ..files import kind
 from ..staircase import MODES, OnStep, Staircase, image_format, measure, plot
-from .common import UsageError, add_model_options, load_model, positive_int, print_json, table
+from .common import UsageError, add_model_options, load_model, positive_int, print_json, print_whole, table
 
 
 def add_parser(sub) -> None:
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(as_json(staircase, args))
     else:
-        print(report(staircase, args))
+        print_whole(report(staircase, args))
     return 0
 
 
