@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import GPT2Config
-from .errors import InputError, check_int
+from .errors import InputError, check_int, shown
 from .kernels import PAGE, Segments
 
 
@@ -102,6 +102,6 @@ def new_cache(config: GPT2Config, capacity: int | None = None) -> KVCache:
     capacity = config.n_positions if capacity is None else check_int(capacity, "capacity", 1)
     if capacity > config.n_positions:
         raise InputError(f"capacity must be at most the model's context of {config.n_positions} positions "
-                         f"(n_positions), got {capacity}")
+                         f"(n_positions), got {shown(capacity)}")
     n_pages = pages_for(capacity)
     return KVCache(*new_store(config, n_pages), list(range(n_pages)))

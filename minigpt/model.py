@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .config import GPT2Config
-from .errors import ContextLengthError, InputError, NumericalError, check_int
+from .errors import ContextLengthError, InputError, NumericalError, check_int, shown
 from .kernels import EXACT, PAGE, Kernels
 from .kv_cache import KVCache, new_cache, pages_for
 from .layers import Span, block, layer_norm
@@ -173,9 +173,9 @@ def check_ids(ids, vocab_size: int) -> np.ndarray:
         raise InputError(f"token ids must be a 1-D sequence, got {type(ids).__name__} of shape {arr.shape}")
     for i, t in enumerate(arr.tolist()):
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-            raise InputError(f"token id at index {i} is {t!r}, not an integer")
+            raise InputError(f"token id at index {i} is {shown(t)}, not an integer")
         if not 0 <= t < vocab_size:
-            raise InputError(f"token id {t} at index {i} is outside [0, {vocab_size})")
+            raise InputError(f"token id {shown(t)} at index {i} is outside [0, {vocab_size})")
     return arr.astype(np.int64)
 
 

@@ -4,13 +4,12 @@ and the log-probabilities of the model's raw distribution that scripts ask for."
 from __future__ import annotations
 
 import math
-import reprlib
 from dataclasses import dataclass
 from numbers import Integral
 
 import numpy as np
 
-from .errors import InputError, check_int
+from .errors import InputError, check_int, shown
 
 
 @dataclass(frozen=True)
@@ -25,11 +24,11 @@ class SamplingOptions:
     def __post_init__(self) -> None:
         t, k, p = self.temperature, self.top_k, self.top_p
         if not 0 <= as_float(t) < float("inf"):  # NaN fails too
-            raise InputError(f"temperature must be a finite number >= 0, got {reprlib.repr(t)}")
+            raise InputError(f"temperature must be a finite number >= 0, got {shown(t)}")
         if k is not None:
             check_int(k, "top_k", 1)
         if p is not None and not 0 < as_float(p) <= 1:
-            raise InputError(f"top_p must be a number in (0, 1], got {reprlib.repr(p)}")
+            raise InputError(f"top_p must be a number in (0, 1], got {shown(p)}")
         if self.seed is not None:
             check_int(self.seed, "seed", 0)
 

@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-from .errors import InputError
+from .errors import InputError, shown
 from .model import Model, check_ids, check_model
 from .sampling import token_log_prob
 
@@ -28,7 +28,7 @@ def check_stride(stride, n_positions: int) -> int:
         return n_positions // 2
     if isinstance(stride, bool) or not isinstance(stride, numbers.Integral) or not 1 <= stride < n_positions:
         raise InputError(f"stride must be an integer in 1..{n_positions - 1} (n_positions - 1, so that windows "
-                         f"overlap), got {stride!r}")
+                         f"overlap), got {shown(stride)}")
     return int(stride)
 
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ContextLengthError, InputError, MinigptError, check_bool, check_int
+from .errors import ContextLengthError, InputError, MinigptError, check_bool, check_int, shown
 from .model import Model, check_ids, check_model
 from .sampling import MAX_TOP_LOGPROBS, SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
 
@@ -76,7 +76,7 @@ def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_promp
 
 def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
     """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
-    return ContextLengthError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds the context of "
+    return ContextLengthError(f"prompt of {prompt_len} tokens + {shown(max_new_tokens)} new tokens exceeds the context of "
                               f"{n_positions} (n_positions); shorten them{hint}")
 
 
@@ -85,14 +85,14 @@ def check_stop(model: Model, stop) -> tuple[str, ...]:
     if stop is None:
         return ()
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise InputError(f"stop must be a list of strings, got {stop!r}")
+        raise InputError(f"stop must be a list of strings, got {shown(stop)}")
     for s in stop:
         if not s:
             raise InputError("a stop string must not be empty")
         try:
             s.encode("utf-8")
         except UnicodeEncodeError:
-            raise InputError(f"stop string {s!r} is not valid Unicode text") from None
+            raise InputError(f"stop string {shown(s)} is not valid Unicode text") from None
     if stop and model.tokenizer_loader is None:
         raise InputError(f"stop strings need the model's tokenizer, and this model's vocabulary "
                          f"({model.config.vocab_size} tokens) is not GPT-2's")
