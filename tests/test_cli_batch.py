@@ -300,9 +300,12 @@ def test_more_lines_than_a_run_takes_are_refused_before_any_work(capsys, tmp_pat
     assert main(["batch", str(source), "-o", str(tmp_path / "out.jsonl"), "--model", small]) == 0
 
 
-def test_an_empty_path_is_named_not_read_as_the_current_directory(capsys, small):
+def test_an_empty_path_is_named_not_read_as_the_current_directory(capsys, tmp_path, small):
     assert run_batch(capsys, "", "--model", small) == (2, "error: INPUT is an empty path: name a file, or - for "
                                                           "stdin\n")
+    source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}])
+    assert run_batch(capsys, str(source), "-o", "", "--model", small) == (
+        2, "error: OUTPUT is an empty path: name a file, or - for stdout\n")
 
 
 def test_a_leading_bom_is_skipped_in_a_file_and_on_stdin(capsys, tmp_path, small, monkeypatch):

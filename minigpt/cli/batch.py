@@ -211,6 +211,8 @@ def output(path: str) -> Iterator[Stream]:
     def failed(e: OSError):
         raise MinigptError(f"cannot write OUTPUT {path}: {e.strerror or e}") from None
 
+    if path == "":
+        raise UsageError("OUTPUT is an empty path: name a file, or - for stdout")
     try:
         file = open(path, "w", encoding="utf-8")
     except OSError as e:
