@@ -226,7 +226,8 @@ BAD_LINES = [
     ({"prompt_ids": list(range(60)), "max_new_tokens": 5}, [],
      "prompt of 60 tokens + 5 new tokens exceeds the context of 64 (n_positions)"),
     ({"prompt_ids": list(range(30)), "max_new_tokens": 5}, ["--kv-cache-tokens", "32", "--max-new-tokens", "5"],
-     "30 prompt tokens + 5 new tokens need 48 cache positions (whole pages of 16); the pool holds 32"),
+     "30 prompt tokens + 5 new tokens need 48 cache positions (whole pages of 16); the pool holds 32 "
+     "(--kv-cache-tokens)"),  # the option as the user gave it
 ]
 
 

@@ -165,6 +165,15 @@ def test_speculation_without_the_cache_is_a_usage_error(capsys):
                  ["--no-cache", "not allowed with", "--speculate"], exit_code=2)
 
 
+def test_a_draft_model_that_cannot_be_loaded_is_named_as_speculate_not_model(capsys, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("{}\n")
+    assert_error(cli(capsys, "hi", "--model", "random-tiny", "--speculate", str(prompts)),
+                 [f"--speculate: {prompts} is a file, not a checkpoint directory"])
+    code, out, err = cli(capsys, "hi", "--model", "random-tiny", "--speculate", "no-such-draft")
+    assert err.startswith("error: --speculate: no directory 'no-such-draft'") and "--model" not in err
+
+
 def test_a_draft_model_with_another_vocabulary_is_refused(capsys):
     draft = str(REPO / "tests" / "fixtures" / "float32")
     assert_error(cli(capsys, "hi", "--model", "random-tiny", "--speculate", draft),

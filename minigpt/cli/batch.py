@@ -142,8 +142,9 @@ def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list
         requests.append(request)
     try:
         pool = batching.new_pool(model, requests, args.max_batch_size, args.kv_cache_tokens)
-    except InputError as e:  # "prompt i: ...", i counting the requests
+    except InputError as e:  # "prompt i: ... (kv_cache_tokens)", i counting the requests, the keyword the API's
         i, message = re.fullmatch(r"prompt (\d+): (.*)", str(e), re.DOTALL).groups()
+        message = message.replace("(kv_cache_tokens)", "(--kv-cache-tokens)")
         raise UsageError(f"{name} line {lines[int(i)][0]}: {message}") from None
     return ids, requests, pool
 
