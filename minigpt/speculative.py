@@ -116,6 +116,8 @@ def check_speculation(model: Model, speculate, draft_tokens: int | None,
         if speculate != "ngram":
             raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {speculate!r}")
         return NGramDrafter(), draft_tokens
+    if isinstance(speculate, type):
+        raise InputError(f"speculate got the class {speculate.__name__}: give an instance, {speculate.__name__}(...)")
     if not isinstance(speculate, Model):
         if callable(getattr(speculate, "propose", None)) and callable(getattr(speculate, "accepted", None)):
             return speculate, draft_tokens
@@ -155,9 +157,12 @@ def check_proposal(drafter: Drafter, proposal, k: int, vocab_size: int) -> tuple
     if q is None:
         return drafts, None
     try:
-        q = np.asarray(q, dtype=np.float64)
-    except (TypeError, ValueError):
+        array = np.asarray(q)
+    except ValueError:  # ragged rows
         raise breach(f"a q that is no array of numbers ({type(q).__name__})") from None
+    if array.dtype.kind not in "biuf":  # complex would lose its imaginary part, objects and text fail later
+        raise breach(f"a q that is no array of real numbers ({type(q).__name__} of {array.dtype})")
+    q = array.astype(np.float64)
     if q.shape != (len(drafts), vocab_size):
         raise breach(f"q of shape {list(q.shape)} for {len(drafts)} drafts")
     if not np.isfinite(q).all() or (q < 0).any():

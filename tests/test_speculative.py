@@ -73,6 +73,7 @@ def test_verify_greedy_keeps_confirmed_drafts_then_the_models_own_token():
     (dict(speculate="ngram", use_cache=False), InputError, "cannot run without it"),
     (dict(speculate="medusa"), InputError, "speculate must be 'ngram', a draft model or a drafter"),
     (dict(speculate=3), InputError, "speculate must be 'ngram', a draft model or a drafter"),
+    (dict(speculate=NGramDrafter), InputError, r"speculate got the class NGramDrafter: give an instance"),
 ])
 def test_bad_speculation_is_refused_before_any_work(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -114,7 +115,9 @@ class FixedDrafter:
     (lambda k: ([1] * k, np.full((k, 6), np.nan)), "a q with negative, NaN or infinite probabilities"),
     (lambda k: ([1] * k, np.eye(6)[[1] * k] * 2 - np.eye(6)[[2] * k]), "negative, NaN or infinite"),
     (lambda k: ([0] * k, np.eye(6)[[1] * k]), "draft 0 (0) with probability 0 in its row of q"),
-    (lambda k: ([1] * k, "q"), "a q that is no array of numbers (str)"),
+    (lambda k: ([1] * k, "q"), "a q that is no array of real numbers (str of <U1)"),
+    (lambda k: ([1] * k, np.full((k, 6), 1 / 6) + 1j), "no array of real numbers (ndarray of complex128)"),
+    (lambda k: ([1] * k, [[0.5, 0.5], [1.0]] * 2), "a q that is no array of numbers (list)"),
 ])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_drafter_that_breaks_its_contract_is_named_with_what_it_returned(proposal, fault, temperature):
