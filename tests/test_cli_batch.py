@@ -131,6 +131,7 @@ def test_every_line_gets_the_tokens_generate_gives_it_alone_with_its_own_options
         assert_same(outputs[i], alone(small_model, lines[i], **defaults))
     assert outputs[0]["tokens"] != outputs[5]["tokens"][:7]  # the overrides changed something
     assert len(outputs[3]["top_logprobs"]) == 7 and all(len(step) == 3 for step in outputs[3]["top_logprobs"])
+    assert {entry["token"] for step in outputs[3]["top_logprobs"] for entry in step} == {None}  # no tokenizer
     assert all(o["text"] is None and o["preemptions"] == 0 for o in outputs)  # no tokenizer; an ample pool
 
 

@@ -130,14 +130,14 @@ def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list
     """Every line of INPUT checked, before any work: the lines' ids, their requests and the page pool
     they all fit in. The first bad line fails the run (UsageError naming it)."""
     name = "stdin" if args.input == "-" else args.input
-    lines = read_lines(args.input, name)
     defaults = {key: getattr(args, key) for key in LINE_OPTIONS}
-    ids, requests = [], []
-    for number, text in lines:
+    numbers, ids, requests = [], [], []
+    for number, text in read_lines(args.input, name):  # each line parsed as it comes, its text then dropped
         try:
             identity, request = parse_line(model, text, number, defaults, not args.no_stop)
         except MinigptError as e:
             raise UsageError(f"{name} line {number}: {e}") from None
+        numbers.append(number)
         ids.append(identity)
         requests.append(request)
     try:
@@ -145,15 +145,15 @@ def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list
     except InputError as e:  # "prompt i: ... (kv_cache_tokens)", i counting the requests, the keyword the API's
         i, message = re.fullmatch(r"prompt (\d+): (.*)", str(e), re.DOTALL).groups()
         message = message.replace("(kv_cache_tokens)", "(--kv-cache-tokens)")
-        raise UsageError(f"{name} line {lines[int(i)][0]}: {message}") from None
+        raise UsageError(f"{name} line {numbers[int(i)]}: {message}") from None
     return ids, requests, pool
 
 
-def read_lines(path: str, name: str) -> list[tuple[int, str]]:
-    """INPUT's lines that are not blank, each with its number (from 1), read as they come and
+def read_lines(path: str, name: str) -> Iterator[tuple[int, str]]:
+    """INPUT's lines that are not blank, each with its number (from 1), yielded as they come and
     bounded: a line of at most MAX_LINE_BYTES, at most MAX_LINES lines, so that an input that never
     ends (/dev/zero, `yes`) is refused after a bounded read, never read until memory runs out."""
-    lines, pending, number = [], b"", 0
+    pending, number = b"", 0
     for chunk in input_chunks(path, "INPUT"):
         *complete, pending = (pending + chunk).split(b"\n")
         for at, raw in enumerate([*complete, pending], start=number + 1):
@@ -163,12 +163,11 @@ def read_lines(path: str, name: str) -> list[tuple[int, str]]:
         for raw in complete:
             number += 1
             if raw.strip():
-                lines.append((number, utf8_text(raw, f"{name} line {number}")))
+                yield number, utf8_text(raw, f"{name} line {number}")
         if number > MAX_LINES:
             raise UsageError(f"{name} has more than {MAX_LINES:,} lines, more than one run takes; split it")
     if pending.strip():
-        lines.append((number + 1, utf8_text(pending, f"{name} line {number + 1}")))
-    return lines
+        yield number + 1, utf8_text(pending, f"{name} line {number + 1}")
 
 
 def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos: bool) -> tuple[object, Request]:
