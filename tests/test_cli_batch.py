@@ -252,6 +252,13 @@ def test_the_first_bad_line_is_the_one_named(capsys, tmp_path, small):
     assert err == f"error: {tmp_path / 'in.jsonl'} line 2: top_k must be an integer >= 1, got 0\n"
 
 
+def test_the_first_bad_line_in_order_is_named_whatever_its_fault(capsys, tmp_path, small):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"prompt_ids": [1]}\n{"prompt_ids": [1], "top_k": 0}\n{"prompt": "caf\xe9"}\n')
+    assert main(["batch", str(source), "--model", small]) == 2
+    assert capsys.readouterr().err == f"error: {source} line 2: top_k must be an integer >= 1, got 0\n"
+
+
 def test_bytes_that_are_not_utf8_name_their_line(capsys, tmp_path, small):
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_bytes(b'{"prompt_ids": [1]}\n{"prompt": "caf\xe9"}\n')

@@ -145,7 +145,8 @@ HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SI
 @contextmanager
 def signals_held() -> Iterator[None]:
     """Ctrl-C, SIGTERM and SIGHUP held back while the block runs, then acted on as they would have
-    been (KeyboardInterrupt, or the default action: the process ends by that signal). Only the main
+    been (KeyboardInterrupt, or the default action: the process ends by that signal). SIGQUIT
+    (Ctrl-\\) is left alone: it stops at once, a way out of a write no reader takes. Only the main
     thread can set handlers, and only it receives them: elsewhere the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
