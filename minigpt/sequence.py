@@ -76,8 +76,8 @@ def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_promp
 
 def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
     """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
-    return ContextLengthError(f"prompt of {prompt_len} tokens + {shown(max_new_tokens)} new tokens exceeds the context of "
-                              f"{n_positions} (n_positions); shorten them{hint}")
+    return ContextLengthError(f"prompt of {prompt_len} tokens + {shown(max_new_tokens)} new tokens exceeds the "
+                              f"context of {n_positions} (n_positions); shorten them{hint}")
 
 
 def check_stop(model: Model, stop) -> tuple[str, ...]:

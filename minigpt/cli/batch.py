@@ -27,8 +27,8 @@ from ..paging import PagePool
 from ..safetensors_format import unique_keys
 from ..sequence import GenerationResult, Request, check_stop, generated_text, make_request
 from ..tokenizer import valid_text
-from .common import (Stream, UsageError, add_model_options, add_sampling_options, check_option, encode_prompt, input_chunks,
-                     json_text, load_model, positive_int, print_whole, top_logprobs_json, utf8_text)
+from .common import (Stream, UsageError, add_model_options, add_sampling_options, check_option, encode_prompt,
+                     input_chunks, json_text, load_model, positive_int, print_whole, top_logprobs_json, utf8_text)
 from .cost import binary
 
 LINE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "top_logprobs")  # as in the epilog

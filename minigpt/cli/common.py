@@ -22,8 +22,9 @@ from ..tokenizer import encode, token_text, valid_text
 
 
 class UsageError(InputError):
-    """A mistake in how a command was called that argparse cannot see (a bad line of an input
-    file): one line `error: ...` and exit 2, as argparse's own usage errors."""
+    """A mistake in how a command was called that argparse cannot see (an input that cannot be
+    read or holds a bad line, an option the model cannot take): one line `error: ...` and exit 2,
+    as argparse's own usage errors."""
 
 
 def check_option(option: str, check, *args):

@@ -99,7 +99,8 @@ def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace) -> di
         "truncate_prompt": args.truncate_prompt, "speculate": args.speculate,
     }
     if args.speculate is not None:
-        document.update(draft_tokens=args.draft_tokens or DRAFT_TOKENS, drafted=result.drafted, accepted=result.accepted)
+        document.update(draft_tokens=args.draft_tokens or DRAFT_TOKENS, drafted=result.drafted,
+                        accepted=result.accepted)
     document.update({
         "finish_reason": result.finish_reason,
         "prompt": valid_text(args.prompt),  # undecodable bytes replaced; prompt_ids hold them
