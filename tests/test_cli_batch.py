@@ -300,6 +300,18 @@ def test_a_line_too_long_is_named_even_when_the_lines_before_it_are_fine(capsys,
            "needs as many\n")
 
 
+def test_the_line_bound_is_exact_and_holds_for_a_last_line_without_a_newline(capsys, tmp_path, small, monkeypatch):
+    line = b'{"prompt_ids": [1], "max_new_tokens": 1}'
+    monkeypatch.setattr(minigpt.cli.batch, "MAX_LINE_BYTES", len(line))
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_bytes(line + b"\n" + line)
+    assert main(["batch", str(source), "-o", str(target), "--model", small]) == 0
+    assert len(target.read_text().splitlines()) == 2
+    source.write_bytes(line + b"\n" + line + b" ")
+    capsys.readouterr()
+    assert run_batch(capsys, str(source), "--model", small)[1].startswith(f"error: {source} line 2 is longer than")
+
+
 def test_more_lines_than_a_run_takes_are_refused_before_any_work(capsys, tmp_path, small, monkeypatch):
     monkeypatch.setattr(minigpt.cli.batch, "MAX_LINES", 5)  # as 100,000: `yes ''` never ends
     source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}] * 3 + [""] * 3)

@@ -14,6 +14,7 @@ import pytest
 from test_cli_errors import cli
 
 import minigpt
+import minigpt.cli.score
 
 TEXT = "The dog said:\n\"naïve café\"\tok"
 
@@ -107,3 +108,13 @@ def test_a_file_that_never_ends_is_refused_after_a_bounded_read(capsys):
 def test_usage_errors_exit_2_naming_the_option(capsys, argv, message):
     code, out, err = cli(capsys, *argv, "--model", "random-tiny", command="score")
     assert (code, out) == (2, "") and err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_the_file_bound_is_exact(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(minigpt.cli.score, "MAX_FILE_BYTES", len(TEXT.encode()))
+    path = tmp_path / "text.txt"
+    path.write_bytes(codecs.BOM_UTF8 + TEXT.encode())  # the BOM does not count
+    assert score_json(capsys, "--file", str(path)) == score_json(capsys, TEXT)
+    path.write_bytes(TEXT.encode() + b" ")
+    code, out, err = cli(capsys, "--file", str(path), "--model", "random-tiny", command="score")
+    assert (code, out) == (2, "") and "holds more than" in err
