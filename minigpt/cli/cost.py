@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..cost import ARCHITECTURES, DTYPE_BYTES, Cost, estimate
+from ..cost import ARCHITECTURES, DTYPE_BYTES, MAX_TOKENS, Cost, estimate
 from .common import checked, print_json, print_whole, table
 
-token_count = checked(int, lambda v: 1 <= v <= 10 ** 15, "in 1..10**15")  # beyond any context; floats stay finite
+token_count = checked(int, lambda v: 1 <= v <= MAX_TOKENS, "in 1..10**15")  # cost.estimate's bound
 
 
 def add_parser(sub) -> None:
