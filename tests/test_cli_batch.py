@@ -17,6 +17,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -355,6 +356,16 @@ def test_a_pipe_such_as_a_process_substitution_is_read(capsys, tmp_path, small):
     finally:
         os.close(read)
     assert [len(json.loads(line)["tokens"]) for line in target.read_text().splitlines()] == [3]
+
+
+def test_batch_runs_in_a_thread_too_where_signals_cannot_be_held(capsys, tmp_path, small):
+    """Only the main thread may set signal handlers: elsewhere a line is written without them."""
+    source, target, codes = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}] * 2), tmp_path / "o", []
+    thread = threading.Thread(target=lambda: codes.append(main(["batch", str(source), "-o", str(target),
+                                                                "--model", small, "--max-new-tokens", "2"])))
+    thread.start()
+    thread.join(timeout=60)
+    assert codes == [0] and len(target.read_text().splitlines()) == 2
 
 
 def test_stop_strings_without_a_tokenizer_are_refused_as_the_option_not_a_line(capsys, tmp_path, small):
