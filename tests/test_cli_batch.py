@@ -358,6 +358,30 @@ def test_a_pipe_such_as_a_process_substitution_is_read(capsys, tmp_path, small):
     assert [len(json.loads(line)["tokens"]) for line in target.read_text().splitlines()] == [3]
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="a non-blocking pipe is a POSIX descriptor flag")
+def test_a_non_blocking_stdout_with_a_slow_reader_still_gets_every_line_whole(tmp_path, tokenizer):
+    """Whoever makes the pipe may set O_NONBLOCK on it: a full pipe then refuses a write (EAGAIN),
+    which used to end the command with part of a line and "Resource temporarily unavailable"."""
+    source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [i + 1] * 5, "top_logprobs": 20} for i in range(2)])
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    with open(read, "rb") as reader:
+        process = subprocess.Popen(command(str(source), "--model", "random-tiny", "--max-new-tokens", "100",
+                                           "--no-stop"), stdout=write, stderr=subprocess.PIPE,
+                                   env=environment(tmp_path / "hf"))
+        os.close(write)
+        try:
+            out = b""
+            while chunk := reader.read1(4096):  # slowly: a page at a time, so the pipe is often full
+                out += chunk
+                time.sleep(0.002)
+            _, err = process.communicate(timeout=60)
+        finally:
+            process.kill()
+    assert process.returncode == 0, err
+    assert [len(json.loads(line)["tokens"]) for line in out.decode().splitlines()] == [100, 100]
+
+
 def test_batch_runs_in_a_thread_too_where_signals_cannot_be_held(capsys, tmp_path, small):
     """Only the main thread may set signal handlers: elsewhere a line is written without them."""
     source, target, codes = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}] * 2), tmp_path / "o", []

@@ -7,6 +7,7 @@ import codecs
 import json
 import math
 import os
+import select
 import signal
 import sys
 import threading
@@ -192,7 +193,8 @@ class Stream:
 
     def write_whole(self, text: str) -> None:
         """`text` written to the last byte, with os.write on the descriptor until every byte is out
-        (a signal makes a pipe take fewer, and an unbuffered stream, python -u, would drop the rest)."""
+        (a signal makes a pipe take fewer, and an unbuffered stream, python -u, would drop the rest).
+        A descriptor made non-blocking by whoever made the pipe is waited on while it is full."""
         self.guard(self._write_whole, text)
 
     def _write_whole(self, text: str) -> None:
@@ -204,7 +206,10 @@ class Stream:
             return self.stream.flush()
         data = memoryview(text.encode(self.stream.encoding or "utf-8", self.stream.errors or "strict"))
         while data:
-            data = data[os.write(descriptor, data):]
+            try:
+                data = data[os.write(descriptor, data):]
+            except BlockingIOError:
+                select.select([], [descriptor], [])
 
     def guard(self, call, *args):
         try:
