@@ -14,7 +14,7 @@ from ..sequence import GenerationResult, check_stop, generated_text
 from ..speculative import DRAFT_TOKENS
 from ..tokenizer import valid_text
 from .common import (UsageError, add_model_options, add_sampling_options, check_option, encode_prompt, load_model,
-                     positive_int, print_json, top_logprobs_json)
+                     positive_int, print_json, print_whole, top_logprobs_json)
 
 
 def add_parser(sub) -> None:
@@ -71,14 +71,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     tokens = stream(model, ids, args.max_new_tokens, **options)  # checks everything before printing
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
-    sys.stdout.write(valid_text(args.prompt))
-    sys.stdout.flush()
+    sys.stdout.write_whole(valid_text(args.prompt))  # each piece to its last byte (Stream.write_whole)
     for token in tokens:  # with stop strings, a token comes only once it cannot be part of one
         if token.token == model.config.eos_token_id and not args.no_stop:
             break  # the <|endoftext|> that ends the text is not part of it
-        sys.stdout.write(text.decode(tokenizer.decode_single_token_bytes(token.token)))
-        sys.stdout.flush()
-    sys.stdout.write(text.decode(b"", final=True) + "\n")
+        sys.stdout.write_whole(text.decode(tokenizer.decode_single_token_bytes(token.token)))
+    print_whole(text.decode(b"", final=True))
     return 0
 
 
