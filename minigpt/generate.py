@@ -90,8 +90,9 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     max_new_tokens, or before the first of the `stop` strings in its new text. top_logprobs=N also
     records the N most likely tokens at each step (N at most 20). `speculate` ("ngram", a draft
     Model or a Drafter) checks up to `draft_tokens` (default 4) guessed tokens per step
-    (minigpt.speculative): greedy, the tokens are plain greedy decoding's (bitwise with the exact
-    kernels); sampling, they follow the same distribution, though a seed gives other tokens.
+    (minigpt.speculative): greedy with the exact kernels, the tokens are plain greedy decoding's
+    (the fast kernels' ULPs may break a near-tie otherwise); sampling, they follow the same
+    distribution, though a seed gives other tokens.
     on_step(tokens so far, that token's seconds) is called after each token (a progress bar); its
     own time is not counted in the next token's.
     """

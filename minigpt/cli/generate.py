@@ -29,9 +29,9 @@ def add_parser(sub) -> None:
     loop.add_argument("--no-cache", action="store_true", help="the naive loop: rerun the whole sequence every step")
     loop.add_argument("--speculate", metavar="ngram|SRC",
                       help="speculative decoding: guess tokens by prompt lookup (ngram) or with a draft model "
-                           "(SRC, loaded with the same --kernels) and check them in one forward. Greedy: the "
-                           "tokens plain decoding gives (bitwise with the exact kernels); sampling: the same "
-                           "distribution, though a --seed gives other tokens")
+                           "(SRC, loaded with the same --kernels) and check them in one forward. Greedy, exact "
+                           "kernels: the very tokens plain decoding gives (fast kernels: a near-tie may break the "
+                           "other way); sampling: tokens from the same distribution, though a --seed gives others")
     p.add_argument("--draft-tokens", type=positive_int, default=None, metavar="K",
                    help=f"with --speculate: at most K guesses per step (default {DRAFT_TOKENS})")
     p.add_argument("--truncate-prompt", action="store_true",
