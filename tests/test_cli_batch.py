@@ -392,6 +392,29 @@ def test_batch_runs_in_a_thread_too_where_signals_cannot_be_held(capsys, tmp_pat
     assert codes == [0] and len(target.read_text().splitlines()) == 2
 
 
+@pytest.mark.parametrize("lines, argv, message", [
+    ([{"prompt_ids": [1]}, {"prompt_ids": [2], "temperature": 0.5, "seed": 3}], ["--seed", "1"],
+     "argument --seed: has no effect: every line is greedy (temperature 0) or has a seed of its own"),
+    ([{"prompt_ids": [1], "temperature": 0.0}], ["--top-k", "5", "--temperature", "1"],
+     "argument --top-k: has no effect: every line is greedy (temperature 0) or has a top_k of its own"),
+    ([{"prompt_ids": [1], "temperature": 1.0, "top_p": None}], ["--top-p", "0.5"],
+     "argument --top-p: has no effect: every line is greedy (temperature 0) or has a top_p of its own"),
+])
+def test_an_option_no_line_takes_and_is_changed_by_is_a_usage_error(capsys, tmp_path, small, lines, argv,
+                                                                     message):
+    code, outputs, err = batch(capsys, tmp_path, lines, small, *argv)
+    assert (code, outputs, err) == (2, None, f"error: {message}\n")
+    lines.append({"prompt_ids": [3], "temperature": 0.7})  # a line that samples with the option: it counts
+    assert batch(capsys, tmp_path, lines, small, *argv, "--max-new-tokens", "2")[0] == 0
+
+
+def test_a_stop_option_every_line_overrides_is_a_usage_error(capsys, tmp_path, tokenizer):
+    lines = [{"prompt": "a", "stop": ["b"]}, {"prompt": "c", "stop": None}]
+    code, outputs, err = batch(capsys, tmp_path, lines, "random-tiny", "--stop", "x")
+    assert (code, outputs, err) == (2, None, "error: argument --stop: has no effect: every line has a stop of its "
+                                             "own\n")
+
+
 def test_stop_strings_without_a_tokenizer_are_refused_as_the_option_not_a_line(capsys, tmp_path, small):
     code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1]}], small, "--stop", "x")
     assert (code, outputs) == (2, None)  # a usage error, naming the option

@@ -58,6 +58,8 @@ lines; blank lines are skipped (they still count in line numbers).
   "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop" (a list of strings),
   "top_logprobs"    this line's value of the option of that name (--max-new-tokens, ...);
                     null for top_k, top_p, seed or stop turns the option off for the line
+                    (--top-k, --top-p, --seed or --stop that no line takes, or only greedy ones
+                    take, is an error: it would change nothing)
   Invalid JSON, any other key or a bad value (a type, a range, a token id outside the vocabulary,
   a prompt too long for the context or the pool) fails the whole run before any work with one
   line "error: INPUT line N: ..." and exit status 2; OUTPUT is then not written.
@@ -128,18 +130,24 @@ def run(args: argparse.Namespace) -> int:
 
 def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list[Request], PagePool]:
     """Every line of INPUT checked, before any work: the lines' ids, their requests and the page pool
-    they all fit in. The first bad line fails the run (UsageError naming it)."""
+    they all fit in. The first bad line fails the run (UsageError naming it), and so does an option
+    that no line takes and is changed by (--seed when every line is greedy or has its own seed)."""
     name = "stdin" if args.input == "-" else args.input
     defaults = {key: getattr(args, key) for key in LINE_OPTIONS}
-    numbers, ids, requests = [], [], []
+    numbers, ids, requests, used = [], [], [], set()
     for number, text in read_lines(args.input, name):  # each line parsed as it comes, its text then dropped
         try:
-            identity, request = parse_line(model, text, number, defaults, not args.no_stop)
+            identity, request, taken = parse_line(model, text, number, defaults, not args.no_stop)
         except MinigptError as e:
             raise UsageError(f"{name} line {number}: {e}") from None
         numbers.append(number)
         ids.append(identity)
         requests.append(request)
+        used |= {key for key in taken if key == "stop" or request.sampling.temperature > 0}  # greedy: no sampling
+    for key in ("top_k", "top_p", "seed", "stop"):  # the options whose default (None) tells whether they were given
+        if defaults[key] is not None and requests and key not in used:
+            reason = "every line is greedy (temperature 0) or has" if key != "stop" else "every line has"
+            raise UsageError(f"argument --{key.replace('_', '-')}: has no effect: {reason} a {key} of its own")
     try:
         pool = batching.new_pool(model, requests, args.max_batch_size, args.kv_cache_tokens)
     except InputError as e:  # "prompt i: ... (kv_cache_tokens)", i counting the requests, the keyword the API's
@@ -170,9 +178,11 @@ def read_lines(path: str, name: str) -> Iterator[tuple[int, str]]:
         yield number + 1, utf8_text(pending, f"{name} line {number + 1}")
 
 
-def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos: bool) -> tuple[object, Request]:
-    """One line checked: its id (default: its number) and its request, with the options it overrides.
-    The request's checks are the library's own (make_request); only the JSON shapes are checked here."""
+def parse_line(model: Model, text: str, number: int, defaults: dict,
+               stop_at_eos: bool) -> tuple[object, Request, set[str]]:
+    """One line checked: its id (default: its number), its request, with the options it overrides, and
+    the options it takes from the command line. The request's checks are the library's own
+    (make_request); only the JSON shapes are checked here."""
     try:
         line = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
@@ -198,7 +208,8 @@ def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos
         raise InputError(f'prompt must be a string (token ids go in "prompt_ids"), got {reprlib.repr(line["prompt"])}')
     prompt = encode_prompt(model, line["prompt"]) if "prompt" in line else line["prompt_ids"]
     options = {**defaults, **{key: line[key] for key in LINE_OPTIONS if key in line}}
-    return identity, make_request(model, prompt, stop_at_eos=stop_at_eos, **options)
+    taken = {key for key in LINE_OPTIONS if key not in line}
+    return identity, make_request(model, prompt, stop_at_eos=stop_at_eos, **options), taken
 
 
 @contextmanager
