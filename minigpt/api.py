@@ -12,12 +12,13 @@ import numpy as np
 from . import causal_proof, scoring
 from .checks import (check_ids, check_sampling, check_speculation, check_stop, check_stride, prepare_prompt,
                      with_truncate_hint)
-from .errors import InputError, MinigptError, NumericalError, check_bool, check_int
+from .errors import InputError, MinigptError, NumericalError, check_bool, check_int, shown
 from .loops import cached_steps, naive_steps
 from .gpt2 import GPT2
 from .model import Model, check_model, overflow
 from .engine import Scheduler
 from .paging import PAGE, PagePool, pages_for
+from .sampling import MAX_TOP_LOGPROBS
 from .sequence import GenerationResult, Request, Sequence, StreamedToken
 from .speculative import speculative_steps
 
@@ -33,7 +34,7 @@ def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, *, temperat
     check_model(model)
     sampling = check_sampling(temperature, top_k, top_p, seed)
     prompt = prepare_prompt(model, prompt_ids, max_new_tokens, check_bool(truncate_prompt, "truncate_prompt"))
-    top_logprobs = check_int(top_logprobs, "top_logprobs", 0)
+    top_logprobs = check_int(top_logprobs, "top_logprobs", 0, maximum=MAX_TOP_LOGPROBS)
     eos = model.config.eos_token_id if check_bool(stop_at_eos, "stop_at_eos") else None
     stop = check_stop(model, stop)
     # the text and the stop strings need the tokenizer's bytes: it is built now, before any work
@@ -44,7 +45,7 @@ def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, *, temperat
 def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, *, use_cache: bool, temperature: float,
                        top_k: int | None, top_p: float | None, seed: int | None, stop_at_eos: bool, stop,
                        top_logprobs: int, truncate_prompt: bool, speculate,
-                       draft_tokens: int) -> tuple[Sequence, Iterator[None]]:
+                       draft_tokens: int | None) -> tuple[Sequence, Iterator[None]]:
     """Check a request now, before any work; return its sequence and its loop, not yet started: the
     naive, cached or speculative steps, each yielding after a model step, with an overflow named
     by its layer. No defaults here: they are `generate`'s, which `stream` repeats (a test keeps the
@@ -56,8 +57,10 @@ def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, *, use_cac
     if speculate is not None:
         if not check_bool(use_cache, "use_cache"):
             raise InputError("speculative decoding checks drafts against the KV cache: it cannot run without it")
-        drafter = check_speculation(model, speculate, draft_tokens, request.max_positions)
+        drafter, draft_tokens = check_speculation(model, speculate, draft_tokens, request.max_positions)
         return seq, checked_steps(model, seq, speculative_steps(model, seq, drafter, draft_tokens))
+    if draft_tokens is not None:  # an option without effect is a mistake, never silently ignored
+        raise InputError(f"draft_tokens ({shown(draft_tokens)}) has no effect without speculate (the drafter)")
     loop = cached_steps if check_bool(use_cache, "use_cache") else naive_steps
     return seq, checked_steps(model, seq, loop(model, seq))
 
@@ -79,7 +82,7 @@ def checked_steps(gpt: GPT2, seq: Sequence, loop: Iterator[None]) -> Iterator[No
 def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
-             truncate_prompt: bool = False, speculate=None, draft_tokens: int = 4,
+             truncate_prompt: bool = False, speculate=None, draft_tokens: int | None = None,
              on_step: Callable[[int, float], None] | None = None) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` and time each one.
 
@@ -87,8 +90,10 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     (minigpt.sampling). The sequence ends at <|endoftext|> (unless stop_at_eos=False), after
     max_new_tokens, or at the token completing the first of the `stop` strings in its new text (its
     `text` ends before the string; docs/sampling.md). top_logprobs=N also records the N most likely
-    tokens at each step. `speculate` ("ngram", or a draft Model) checks up to `draft_tokens` guessed
-    tokens per step (minigpt.speculative); the tokens are the same.
+    tokens at each step (N at most 20). `speculate` ("ngram", a draft Model or a Drafter) checks up to
+    `draft_tokens` (default 4) guessed tokens per step (minigpt.speculative): greedy with the exact
+    kernels, the tokens are plain greedy decoding's (the fast kernels' ULPs may break a near-tie
+    otherwise); sampling, they follow the same distribution, though a seed gives other tokens.
     on_step(tokens so far, that token's seconds) is called after each token (a progress bar); its
     own time is not counted in the next token's.
     """
@@ -110,7 +115,8 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
 def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
            seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
-           truncate_prompt: bool = False, speculate=None, draft_tokens: int = 4) -> Iterator[StreamedToken]:
+           truncate_prompt: bool = False, speculate=None,
+           draft_tokens: int | None = None) -> Iterator[StreamedToken]:
     """Yield the new tokens as they are produced, each with its log-probabilities and the text it adds:
     `generate`'s parameters (without on_step), checked at the call. A token is held back while its
     text could still begin a stop string, so that the streamed texts concatenate to generate's `text`

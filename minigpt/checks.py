@@ -14,7 +14,7 @@ from numbers import Integral
 import numpy as np
 
 from .config import GPT2Config
-from .errors import ConfigError, ContextLengthError, InputError, MinigptError, check_int
+from .errors import ConfigError, ContextLengthError, DrafterError, InputError, MinigptError, check_int, shown
 from .gpt2 import GPT2
 from .kv_cache import KVCache
 from .layers import Kernels
@@ -22,7 +22,7 @@ from .paging import PagedCache
 from .params import GPT2Params
 from .sampling import SamplingOptions
 from .sequence import context_error, positions_needed
-from .speculative import Drafter, ModelDrafter, NGramDrafter
+from .speculative import DRAFT_TOKENS, Drafter, ModelDrafter, NGramDrafter
 from .weights import expected_shapes, params_to_tensors
 
 
@@ -89,9 +89,9 @@ def check_ids(ids, vocab_size: int) -> np.ndarray:
         raise InputError(f"token ids must be a 1-D sequence, got {type(ids).__name__} of shape {arr.shape}")
     for i, t in enumerate(arr.tolist()):
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-            raise InputError(f"token id at index {i} is {t!r}, not an integer")
+            raise InputError(f"token id at index {i} is {shown(t)}, not an integer")
         if not 0 <= t < vocab_size:
-            raise InputError(f"token id {t} at index {i} is outside [0, {vocab_size})")
+            raise InputError(f"token id {shown(t)} at index {i} is outside [0, {vocab_size})")
     return arr.astype(np.int64)
 
 
@@ -147,11 +147,11 @@ def check_sampling(temperature, top_k, top_p, seed) -> SamplingOptions:
     """SamplingOptions from a caller's values, each checked."""
     t, k, p = temperature, top_k, top_p
     if not 0 <= as_float(t) < float("inf"):  # NaN fails too
-        raise InputError(f"temperature must be a finite number >= 0, got {reprlib.repr(t)}")
+        raise InputError(f"temperature must be a finite number >= 0, got {shown(t)}")
     if k is not None:
         check_int(k, "top_k", 1)
     if p is not None and not 0 < as_float(p) <= 1:
-        raise InputError(f"top_p must be a number in (0, 1], got {reprlib.repr(p)}")
+        raise InputError(f"top_p must be a number in (0, 1], got {shown(p)}")
     if seed is not None:
         check_int(seed, "seed", 0)
     return SamplingOptions(t, k, p, seed)
@@ -207,14 +207,14 @@ def check_stop(model: GPT2, stop) -> tuple[str, ...]:
     if stop is None:
         return ()
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise InputError(f"stop must be a list of strings, got {stop!r}")
+        raise InputError(f"stop must be a list of strings, got {shown(stop)}")
     for s in stop:
         if not s:
             raise InputError("a stop string must not be empty")
         try:
             s.encode("utf-8")
         except UnicodeEncodeError:
-            raise InputError(f"stop string {s!r} is not valid Unicode text") from None
+            raise InputError(f"stop string {shown(s)} is not valid Unicode text") from None
     if stop and getattr(model, "tokenizer_loader", None) is None:
         raise InputError(f"stop strings need the model's tokenizer, and this model's vocabulary "
                          f"({model.config.vocab_size} tokens) is not GPT-2's")
@@ -226,21 +226,24 @@ def check_stride(stride, n_positions: int) -> int:
     if stride is None:
         return max(1, n_positions // 2)
     if isinstance(stride, bool) or not isinstance(stride, Integral) or not 1 <= stride <= n_positions:
-        raise InputError(f"stride must be an integer in 1..{n_positions} (n_positions), got {stride!r}")
+        raise InputError(f"stride must be an integer in 1..{n_positions} (n_positions), got {shown(stride)}")
     return int(stride)
 
 
-def check_speculation(model: GPT2, speculate, draft_tokens: int, max_positions: int) -> Drafter:
-    """The drafter `speculate` names ("ngram", a draft Model, or any object with the Drafter
-    methods), checked against the model and the request."""
-    check_int(draft_tokens, "draft_tokens", 1)
+def check_speculation(model: GPT2, speculate, draft_tokens: int | None, max_positions: int) -> tuple[Drafter, int]:
+    """The drafter `speculate` names ("ngram", a draft model, or any object with the Drafter
+    methods, its proposals then checked: CheckedDrafter), checked against the model and the
+    request, and the most drafts per step (draft_tokens, default DRAFT_TOKENS)."""
+    draft_tokens = check_int(DRAFT_TOKENS if draft_tokens is None else draft_tokens, "draft_tokens", 1)
     if isinstance(speculate, str):
         if speculate != "ngram":
-            raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {speculate!r}")
-        return NGramDrafter()
+            raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {shown(speculate)}")
+        return NGramDrafter(), draft_tokens
+    if isinstance(speculate, type):
+        raise InputError(f"speculate got the class {speculate.__name__}: give an instance, {speculate.__name__}(...)")
     if not isinstance(speculate, GPT2):
         if callable(getattr(speculate, "propose", None)) and callable(getattr(speculate, "accepted", None)):
-            return speculate
+            return CheckedDrafter(speculate, model.config.vocab_size), draft_tokens
         raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {type(speculate).__name__}")
     if speculate.config.vocab_size != model.config.vocab_size:
         raise InputError(f"the draft model's vocabulary has {speculate.config.vocab_size} tokens and the "
@@ -248,6 +251,62 @@ def check_speculation(model: GPT2, speculate, draft_tokens: int, max_positions: 
     if max_positions > speculate.config.n_positions:
         raise ContextLengthError(f"this request needs {max_positions} positions and the draft model's context "
                                  f"holds {speculate.config.n_positions} (n_positions)")
-    return ModelDrafter(speculate, max_positions)
+    return ModelDrafter(speculate, max_positions), draft_tokens
 
 
+Q_TOLERANCE = 1e-6  # how far a row of q may sum from 1: float32 rounding, not a distribution forgotten
+
+
+class CheckedDrafter:
+    """A drafter of one's own whose every proposal is checked against the contract (check_proposal)
+    before the model trusts it; NGramDrafter and ModelDrafter keep it by construction."""
+
+    def __init__(self, drafter: Drafter, vocab_size: int):
+        self.drafter, self.vocab_size = drafter, vocab_size
+
+    def propose(self, ids, k, options, rng):
+        return check_proposal(self.drafter, self.drafter.propose(ids, k, options, rng), k, self.vocab_size)
+
+    def accepted(self, n_positions):
+        self.drafter.accepted(n_positions)
+
+
+def check_proposal(drafter: Drafter, proposal, k: int, vocab_size: int) -> tuple[list[int], np.ndarray | None]:
+    """A drafter's `propose` result checked: (drafts, q) with at most k token ids in the vocabulary and
+    q None or [len(drafts), vocab] probabilities (finite, >= 0, each row summing to 1, every draft's
+    own > 0: the acceptance rule min(1, p/q) divides by it, and a q of zeros would accept every
+    draft). A breach is a DrafterError naming the drafter and what it returned; O(k * vocab)."""
+    def breach(problem: str) -> DrafterError:
+        return DrafterError(f"the drafter {type(drafter).__name__}'s propose returned {problem}; it must return "
+                            f"(drafts, q): at most {k} token ids and None or their probabilities [n, {vocab_size}]")
+
+    if not isinstance(proposal, tuple) or len(proposal) != 2:
+        raise breach(f"{type(proposal).__name__} {shown(proposal)}")
+    drafts, q = proposal
+    try:
+        drafts = check_ids(drafts, vocab_size).tolist()
+    except InputError as e:
+        raise breach(f"drafts that are no token ids ({e})") from None
+    if len(drafts) > k:
+        raise breach(f"{len(drafts)} drafts where {k} were asked for")
+    if q is None:
+        return drafts, None
+    try:
+        array = np.asarray(q)
+    except ValueError:  # ragged rows
+        raise breach(f"a q that is no array of numbers ({type(q).__name__})") from None
+    if array.dtype.kind not in "biuf":  # complex would lose its imaginary part, objects and text fail later
+        raise breach(f"a q that is no array of real numbers ({type(q).__name__} of {array.dtype})")
+    q = array.astype(np.float64)
+    if q.shape != (len(drafts), vocab_size):
+        raise breach(f"q of shape {list(q.shape)} for {len(drafts)} drafts")
+    if not np.isfinite(q).all() or (q < 0).any():
+        raise breach("a q with negative, NaN or infinite probabilities")
+    sums = q.sum(axis=1)
+    if (abs(sums - 1) > Q_TOLERANCE).any():
+        i = int(np.argmax(abs(sums - 1)))
+        raise breach(f"a q whose row {i} sums to {sums[i]:.6g}, not 1")
+    if drafts and (q[np.arange(len(drafts)), drafts] <= 0).any():
+        i = int(np.flatnonzero(q[np.arange(len(drafts)), drafts] <= 0)[0])
+        raise breach(f"draft {i} ({drafts[i]}) with probability 0 in its row of q")
+    return drafts, q

@@ -133,9 +133,14 @@ def kv_bytes_per_token(arch: Architecture, dtype: str) -> int:
     return 2 * arch.n_layer * arch.n_kv_heads * arch.head_dim * DTYPE_BYTES[dtype]
 
 
+MAX_TOKENS = 10 ** 15  # beyond any context; above it the ratios overflow float64 (reply 10**400 did)
+
+
 def estimate(arch: Architecture, prompt: int, reply: int, dtype: str | None = None) -> Cost:
-    """All of the above for one request; `dtype` defaults to the architecture's own."""
-    prompt, reply = check_int(prompt, "prompt", 1), check_int(reply, "reply", 1)
+    """All of the above for one request, prompt and reply in 1 .. MAX_TOKENS; `dtype` defaults to
+    the architecture's own."""
+    prompt = check_int(prompt, "prompt", 1, maximum=MAX_TOKENS)
+    reply = check_int(reply, "reply", 1, maximum=MAX_TOKENS)
     dtype = arch.dtype if dtype is None else dtype
     if dtype not in DTYPE_BYTES:
         raise InputError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")

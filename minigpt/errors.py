@@ -4,7 +4,9 @@ The CLI catches `MinigptError` and prints its message as one line `error: ...`; 
 escaping is a bug in minigpt, not a user's mistake.
 """
 
+import math
 import numbers
+import reprlib
 
 import numpy as np
 
@@ -45,19 +47,38 @@ class ContextLengthError(InputError):
     """Prompt plus new tokens do not fit in the model's n_positions."""
 
 
+class DrafterError(InputError):
+    """A speculative drafter (`speculate=` an object of one's own) returned what its contract forbids."""
+
+
 class NumericalError(MinigptError):
     """The forward's activations stopped being finite: finite weights too large for float32 overflowed."""
 
 
-def check_int(value: object, name: str, minimum: int, error: type[MinigptError] = InputError) -> int:
-    """`value` as an int if it is an integer (Python or NumPy, not bool) >= minimum; else `error` naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise error(f"{name} must be an integer >= {minimum}, got {value!r}")
+def shown(value: object) -> str:
+    """`value` as a message shows it: its repr, a long one abridged (reprlib), and an integer too long
+    for Python to print (more than 4,300 digits: repr raises ValueError) by its number of digits."""
+    try:
+        return reprlib.repr(value)
+    except ValueError:
+        if isinstance(value, numbers.Integral):
+            return f"an integer of about {int(abs(int(value)).bit_length() * math.log10(2)):,} digits"
+        return f"a {type(value).__name__} holding an integer too long to print"
+
+
+def check_int(value: object, name: str, minimum: int, error: type[MinigptError] = InputError,
+              maximum: int | None = None) -> int:
+    """`value` as an int if it is an integer (Python or NumPy, not bool) in minimum..maximum (no
+    maximum: >= minimum); else `error` naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum \
+            or maximum is not None and value > maximum:
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise error(f"{name} must be an integer {bound}, got {shown(value)}")
     return int(value)
 
 
 def check_bool(value: object, name: str) -> bool:
     """`value` if it is True or False (Python or NumPy); else InputError: a string such as "no" would be true."""
     if not isinstance(value, (bool, np.bool_)):
-        raise InputError(f"{name} must be True or False, got {value!r}")
+        raise InputError(f"{name} must be True or False, got {shown(value)}")
     return bool(value)

@@ -77,7 +77,7 @@ def local_directory(source: str) -> Path | None:
     if what == "a directory":
         return path
     if what is not None:
-        raise ModelNotFoundError(f"{source} is {what}; --model wants a checkpoint directory")
+        raise ModelNotFoundError(f"{source} is {what}, not a checkpoint directory")
     return None
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from .checks import check_cache, check_ids, check_parts, check_room
-from .errors import InputError, NumericalError, check_int
+from .errors import InputError, NumericalError, check_int, shown
 from .gpt2 import GPT2
 from .kernels import EXACT
 from .kv_cache import KVCache, forward_cached, new_cache
@@ -97,7 +97,7 @@ class Model(GPT2):
         capacity = self.config.n_positions if capacity is None else check_int(capacity, "capacity", 1)
         if capacity > self.config.n_positions:
             raise InputError(f"capacity must be at most the model's context of {self.config.n_positions} positions "
-                             f"(n_positions), got {capacity}")
+                             f"(n_positions), got {shown(capacity)}")
         return new_cache(self.config, capacity)
 
 

@@ -68,6 +68,9 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return logits.astype(np.float64) - log_normalizer(logits)
 
 
+MAX_TOP_LOGPROBS = 20  # as the OpenAI API and vLLM allow: more would only grow every step's output
+
+
 def top_log_probs(log_probs: np.ndarray, n: int) -> list[tuple[int, float]]:
     """The n most likely token ids with their log-probabilities, most likely first (ties: lower id first)."""
     if n <= 0:

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import ContextLengthError, NumericalError
+from .errors import ContextLengthError, NumericalError, shown
 from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
 
 
@@ -53,8 +53,8 @@ def positions_needed(prompt_len: int, max_new_tokens: int) -> int:
 
 def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
     """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
-    return ContextLengthError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens need "
-                              f"{positions_needed(prompt_len, max_new_tokens)} positions (the last new token is "
+    return ContextLengthError(f"prompt of {prompt_len} tokens + {shown(max_new_tokens)} new tokens need "
+                              f"{shown(positions_needed(prompt_len, max_new_tokens))} positions (the last new token is "
                               f"never fed), beyond the context of {n_positions} (n_positions); shorten them{hint}")
 
 

@@ -44,6 +44,7 @@ from .sequence import Sequence, check_finite
 
 MAX_NGRAM = 3  # prompt lookup tries the last 3, then 2, then 1 tokens
 MAX_WAIT = 64  # plain steps at most between two single-draft tries
+DRAFT_TOKENS = 4  # draft_tokens by default: k's ceiling (the room left for new tokens caps it too)
 
 
 class Drafter(Protocol):

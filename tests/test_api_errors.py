@@ -451,6 +451,9 @@ BAD_OPTIONS = [  # generate's keyword arguments, the option the message must nam
     pytest.param(dict(seed=-1), "seed", id="seed<0"),
     pytest.param(dict(n=-1), "max_new_tokens", id="max_new_tokens<0"),
     pytest.param(dict(n=2.0), "max_new_tokens", id="max_new_tokens-float"),
+    pytest.param(dict(top_logprobs=21), r"top_logprobs must be an integer in 0\.\.20, got 21", id="top_logprobs>20"),
+    pytest.param(dict(top_logprobs=10 ** 20), "top_logprobs", id="top_logprobs-huge"),
+    pytest.param(dict(draft_tokens=4), r"draft_tokens \(4\) has no effect without speculate", id="draft-alone"),
 ]
 
 
@@ -647,7 +650,7 @@ def test_a_bpe_table_that_is_not_a_file_is_named_never_opened(tmp_path, monkeypa
                          ids=["fifo", "file"])
 def test_a_model_source_that_is_no_directory_says_what_it_is(tmp_path, make, what):
     make(tmp_path / "model")
-    assert f"is {what}; --model wants a checkpoint directory" in load_error(str(tmp_path / "model"),
+    assert f"is {what}, not a checkpoint directory" in load_error(str(tmp_path / "model"),
                                                                            ModelNotFoundError)
 
 
@@ -862,6 +865,33 @@ def test_a_number_beyond_float64_is_refused_before_numpy_overflows(tiny_model, n
                  lambda: minigpt.generate_batch(tiny_model, [[464]], 1, temperature=[10**400])):
         with pytest.raises(InputError, match="temperature must be a finite number >= 0, got 1000"):
             call()
+
+
+HUGE = 10 ** 5000  # more digits than Python prints (4,300): repr and str raise ValueError
+
+
+@pytest.mark.parametrize("call, option", [
+    (lambda model: minigpt.generate(model, [464], HUGE), "new tokens exceeds the context"),
+    (lambda model: minigpt.generate(model, [464], 1, top_logprobs=HUGE), "top_logprobs must be an integer"),
+    (lambda model: minigpt.generate(model, [464], 1, temperature=1, seed=-HUGE), "seed must be an integer"),
+    (lambda model: minigpt.generate(model, [464], 1, temperature=HUGE), "temperature must be a finite number"),
+    (lambda model: minigpt.generate(model, [464], 1, use_cache=HUGE), "use_cache must be True or False"),
+    (lambda model: minigpt.generate(model, [464, HUGE], 1), "token id "),
+    (lambda model: minigpt.generate_batch(model, [[464]], 1, kv_cache_tokens=-HUGE), "kv_cache_tokens must be"),
+    (lambda model: minigpt.score(model, [464, 464], HUGE), "stride must be an integer"),
+    (lambda model: model.new_cache(HUGE), "capacity must be at most"),
+], ids=["max_new_tokens", "top_logprobs", "seed", "temperature", "use_cache", "id", "kv_cache_tokens", "stride",
+        "capacity"])
+def test_an_integer_too_long_to_print_is_named_by_its_size_not_a_value_error(tiny_model, no_work, call, option):
+    with pytest.raises(InputError) as caught:
+        call(tiny_model)
+    assert option in str(caught.value) and "an integer of about 5,000 digits" in str(caught.value)
+
+
+def test_a_stop_list_is_shown_abridged_in_its_error(tiny_model, no_work):
+    with pytest.raises(InputError) as caught:
+        minigpt.generate(tiny_model, [464], 1, stop=["\udcff" * 100_000])
+    assert len(str(caught.value)) < 100  # not the 100,000 characters
 
 
 # Arguments of the wrong type, to every public function

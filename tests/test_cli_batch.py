@@ -8,11 +8,16 @@ stdout, Ctrl-C) use random-tiny and GPT-2's tokenizer.
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
+import os
 import re
 import signal
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +26,7 @@ from test_cli_errors import environment
 
 import minigpt
 import minigpt.api
+import minigpt.cli.batch
 import minigpt.engine
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
@@ -79,7 +85,8 @@ def assert_same(output: dict, result: minigpt.GenerationResult) -> None:
     if result.top_logprobs is None:
         assert "top_logprobs" not in output
     else:
-        assert output["top_logprobs"] == [[list(pair) for pair in step] for step in result.top_logprobs]
+        assert [[(entry["id"], entry["logprob"]) for entry in step] for step in output["top_logprobs"]] == \
+            result.top_logprobs  # as {"id", "token", "logprob"} objects, as generate --json writes them
 
 
 # Order, ids, exactness
@@ -126,6 +133,7 @@ def test_every_line_gets_the_tokens_generate_gives_it_alone_with_its_own_options
         assert_same(outputs[i], alone(small_model, lines[i], **defaults))
     assert outputs[0]["tokens"] != outputs[5]["tokens"][:7]  # the overrides changed something
     assert len(outputs[3]["top_logprobs"]) == 7 and all(len(step) == 3 for step in outputs[3]["top_logprobs"])
+    assert {entry["token"] for step in outputs[3]["top_logprobs"] for entry in step} == {None}  # no tokenizer
     assert all(o["text"] is None and o["preemptions"] == 0 for o in outputs)  # no tokenizer; an ample pool
 
 
@@ -184,16 +192,16 @@ BAD_LINES = [
     ({"prompt_ids": [1], "temprature": 0.5}, [], 'unknown key "temprature"; a line\'s keys are id, prompt,'),
     ({"prompt": "a", "prompt_ids": [1]}, [], 'exactly one of "prompt" (text) and "prompt_ids"'),
     ({"id": 3}, [], 'exactly one of "prompt" (text) and "prompt_ids"'),
-    ({"prompt_ids": [1], "id": [1]}, [], '"id" must be a string, finite number, boolean or null, got [1]'),
-    ('{"prompt_ids": [1], "id": NaN}', [], '"id" must be a string, finite number, boolean or null, got nan'),
-    ('{"prompt_ids": [1], "id": -Infinity}', [], '"id" must be a string, finite number, boolean or null, got -inf'),
+    ({"prompt_ids": [1], "id": [1]}, [], 'id must be a string, finite number, boolean or null, got [1]'),
+    ('{"prompt_ids": [1], "id": NaN}', [], 'id must be a string, finite number, boolean or null, got nan'),
+    ('{"prompt_ids": [1], "id": -Infinity}', [], 'id must be a string, finite number, boolean or null, got -inf'),
     ('{"prompt_ids": [1], "prompt_ids": [2]}', [], "invalid JSON: key 'prompt_ids' appears twice in one object"),
     ('{"prompt": "a\x00b"}', [], "invalid JSON: Invalid control character at column 14\n"),
     ('{"prompt_ids": [1], "stop": [{"a": 1, "a": 2}]}', [], "invalid JSON: key 'a' appears twice in one object"),
     ('{"prompt_ids": ' + "[" * 100_000 + "]" * 100_000 + "}", [], "invalid JSON: nested too deeply"),
     ('{"prompt_ids": [1], "seed": ' + "7" * 5000 + "}", [], "invalid JSON: Exceeds the limit (4300 digits)"),
     ({"prompt_ids": [1], "temperature": 10 ** 400}, [], "temperature must be a finite number >= 0, got 1000"),
-    ({"prompt": 5}, [], '"prompt" must be a string (token ids go in "prompt_ids"), got 5'),
+    ({"prompt": 5}, [], 'prompt must be a string (token ids go in "prompt_ids"), got 5'),
     ({"prompt": "The dog"}, [], "not GPT-2's 50257, so it has no tokenizer for a text prompt"),
     ({"prompt_ids": "1 2"}, [], "token ids must be integers, got the text"),
     ({"prompt_ids": [1, 2.0]}, [], "token id at index 1 is 2.0, not an integer"),
@@ -207,17 +215,23 @@ BAD_LINES = [
     ({"prompt_ids": [1], "top_k": 0}, [], "top_k must be an integer >= 1, got 0"),
     ({"prompt_ids": [1], "top_p": 1.5}, [], "top_p must be a number in (0, 1], got 1.5"),
     ({"prompt_ids": [1], "seed": -1}, [], "seed must be an integer >= 0, got -1"),
-    ({"prompt_ids": [1], "top_logprobs": -1}, [], "top_logprobs must be an integer >= 0, got -1"),
-    ({"prompt_ids": [1], "top_logprobs": None}, [], "top_logprobs must be an integer >= 0, got None"),
-    ({"prompt_ids": [1], "stop": "x"}, [], "\"stop\" must be a list of strings, got 'x'"),
-    ({"prompt_ids": [1], "stop": 5}, [], '"stop" must be a list of strings, got 5'),
+    ({"prompt_ids": [1], "top_logprobs": -1}, [], "top_logprobs must be an integer in 0..20, got -1"),
+    ({"prompt_ids": [1], "top_logprobs": None}, [], "top_logprobs must be an integer in 0..20, got None"),
+    ({"prompt_ids": [1], "top_logprobs": 21}, [], "top_logprobs must be an integer in 0..20, got 21"),
+    ({"prompt_ids": [1], "top_logprobs": 10 ** 20}, [], "top_logprobs must be an integer in 0..20, got 1000"),
+    ({"prompt_ids": [1], "stop": "x"}, [], "stop must be a list of strings, got 'x'"),
+    ({"prompt_ids": [1], "stop": 5}, [], "stop must be a list of strings, got 5"),
     ({"prompt_ids": [1], "stop": [5]}, [], "stop must be a list of strings, got [5]"),
+    ({"prompt_ids": [1], "stop": {"a": 1}}, [], "stop must be a list of strings, got {'a': 1}"),
+    ('{"prompt_ids": [1], "id": "\\ud800"}', [], "id must be valid Unicode text, got '\\ud800', a lone surrogate"),
+    ('{"prompt_ids": [1], "id": "a\\udc00"}', [], "id must be valid Unicode text, got 'a\\udc00'"),
     ({"prompt_ids": [1], "stop": ["x"]}, [], "stop strings need the model's tokenizer"),
     ({"prompt_ids": list(range(61)), "max_new_tokens": 5}, [],
      "prompt of 61 tokens + 5 new tokens need 65 positions (the last new token is never fed), beyond the context "
      "of 64 (n_positions)"),
     ({"prompt_ids": list(range(30)), "max_new_tokens": 5}, ["--kv-cache-tokens", "32", "--max-new-tokens", "5"],
-     "30 prompt tokens + 5 new tokens need 48 cache positions (whole pages of 16); the pool holds 32"),
+     "30 prompt tokens + 5 new tokens need 48 cache positions (whole pages of 16); the pool holds 32 "
+     "(--kv-cache-tokens)"),  # the option as the user gave it
 ]
 
 
@@ -241,28 +255,172 @@ def test_the_first_bad_line_is_the_one_named(capsys, tmp_path, small):
     assert err == f"error: {tmp_path / 'in.jsonl'} line 2: top_k must be an integer >= 1, got 0\n"
 
 
+def test_the_first_bad_line_in_order_is_named_whatever_its_fault(capsys, tmp_path, small):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"prompt_ids": [1]}\n{"prompt_ids": [1], "top_k": 0}\n{"prompt": "caf\xe9"}\n')
+    assert main(["batch", str(source), "--model", small]) == 2
+    assert capsys.readouterr().err == f"error: {source} line 2: top_k must be an integer >= 1, got 0\n"
+
+
 def test_bytes_that_are_not_utf8_name_their_line(capsys, tmp_path, small):
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_bytes(b'{"prompt_ids": [1]}\n{"prompt": "caf\xe9"}\n')
     assert main(["batch", str(source), "-o", str(target), "--model", small]) == 2
-    assert capsys.readouterr().err == f"error: {source} line 2: not UTF-8 text (byte 16)\n"
+    assert capsys.readouterr().err == f"error: {source} line 2 is not UTF-8 text: byte 16 is 0xe9\n"  # from 1
     assert not target.exists()
 
 
 def test_a_missing_input_or_unwritable_output_is_a_usage_error(capsys, tmp_path, small):
     missing = tmp_path / "missing.jsonl"
     assert main(["batch", str(missing), "--model", small]) == 2
-    assert capsys.readouterr().err == f"error: cannot read INPUT {missing}: No such file or directory\n"
+    assert capsys.readouterr().err == f"error: cannot read INPUT '{missing}': No such file or directory\n"
     source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}])
     unwritable = tmp_path / "no" / "out.jsonl"
     assert main(["batch", str(source), "-o", str(unwritable), "--model", small]) == 2
     assert capsys.readouterr().err == f"error: cannot write OUTPUT {unwritable}: No such file or directory\n"
 
 
+# Bounded reads, BOMs, and what a path can be
+
+def run_batch(capsys, *argv: str) -> tuple[int, str]:
+    code = main(["batch", *argv])
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    return code, err
+
+
+def test_an_input_that_never_ends_is_refused_after_a_bounded_read(capsys, small):
+    code, err = run_batch(capsys, "/dev/zero", "--model", small)  # no newline, ever
+    assert (code, err) == (2, "error: /dev/zero line 1 is longer than 1,048,576 bytes (1 MiB): no prompt that "
+                              "fits in a context needs as many\n")
+
+
+def test_a_line_too_long_is_named_even_when_the_lines_before_it_are_fine(capsys, tmp_path, small):
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'{"prompt_ids": [1]}\n\n' + b" " * (minigpt.cli.batch.MAX_LINE_BYTES + 1) + b"\n")
+    assert run_batch(capsys, str(source), "--model", small) == (
+        2, f"error: {source} line 3 is longer than 1,048,576 bytes (1 MiB): no prompt that fits in a context "
+           "needs as many\n")
+
+
+def test_the_line_bound_is_exact_and_holds_for_a_last_line_without_a_newline(capsys, tmp_path, small, monkeypatch):
+    line = b'{"prompt_ids": [1], "max_new_tokens": 1}'
+    monkeypatch.setattr(minigpt.cli.batch, "MAX_LINE_BYTES", len(line))
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_bytes(line + b"\n" + line)
+    assert main(["batch", str(source), "-o", str(target), "--model", small]) == 0
+    assert len(target.read_text().splitlines()) == 2
+    source.write_bytes(line + b"\n" + line + b" ")
+    capsys.readouterr()
+    assert run_batch(capsys, str(source), "--model", small)[1].startswith(f"error: {source} line 2 is longer than")
+
+
+def test_more_lines_than_a_run_takes_are_refused_before_any_work(capsys, tmp_path, small, monkeypatch):
+    monkeypatch.setattr(minigpt.cli.batch, "MAX_LINES", 5)  # as 100,000: `yes ''` never ends
+    source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}] * 3 + [""] * 3)
+    assert run_batch(capsys, str(source), "--model", small) == (
+        2, f"error: {source} has more than 5 lines, more than one run takes; split it\n")
+    write_lines(source, [{"prompt_ids": [1], "max_new_tokens": 1}] * 5)  # at the limit
+    assert main(["batch", str(source), "-o", str(tmp_path / "out.jsonl"), "--model", small]) == 0
+
+
+def test_an_empty_path_is_named_not_read_as_the_current_directory(capsys, tmp_path, small):
+    assert run_batch(capsys, "", "--model", small) == (2, "error: INPUT is an empty path: name a file, or - for "
+                                                          "stdin\n")
+    source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}])
+    assert run_batch(capsys, str(source), "-o", "", "--model", small) == (
+        2, "error: OUTPUT is an empty path: name a file, or - for stdout\n")
+
+
+def test_a_leading_bom_is_skipped_in_a_file_and_on_stdin(capsys, tmp_path, small, monkeypatch):
+    lines = [{"id": "a", "prompt_ids": [1, 2]}, {"prompt_ids": [3], "max_new_tokens": 2}]
+    _, expected, _ = batch(capsys, tmp_path, lines, small)
+    source, target = tmp_path / "bom.jsonl", tmp_path / "bom-out.jsonl"
+    source.write_bytes(codecs.BOM_UTF8 + (tmp_path / "in.jsonl").read_bytes())
+    assert main(["batch", str(source), "-o", str(target), "--model", small]) == 0
+    assert [json.loads(line) for line in target.read_text().splitlines()] == expected
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes())))
+    assert main(["batch", "-", "-o", str(target), "--model", small]) == 0
+    assert [json.loads(line) for line in target.read_text().splitlines()] == expected
+    source.write_bytes(codecs.BOM_UTF8 * 2 + b'{"prompt_ids": [1]}\n')  # only one is skipped: the second is text
+    capsys.readouterr()
+    assert run_batch(capsys, str(source), "--model", small)[1].startswith(f"error: {source} line 1: invalid JSON")
+
+
+def test_a_pipe_such_as_a_process_substitution_is_read(capsys, tmp_path, small):
+    """`batch <(...)` names /dev/fd/N, a pipe: read as it comes, as a file is."""
+    read, write = os.pipe()
+    os.write(write, b'{"prompt_ids": [1, 2], "max_new_tokens": 3}\n')
+    os.close(write)
+    target = tmp_path / "out.jsonl"
+    try:
+        assert main(["batch", f"/dev/fd/{read}", "-o", str(target), "--model", small]) == 0, capsys.readouterr()
+    finally:
+        os.close(read)
+    assert [len(json.loads(line)["tokens"]) for line in target.read_text().splitlines()] == [3]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a non-blocking pipe is a POSIX descriptor flag")
+def test_a_non_blocking_stdout_with_a_slow_reader_still_gets_every_line_whole(tmp_path, tokenizer):
+    """Whoever makes the pipe may set O_NONBLOCK on it: a full pipe then refuses a write (EAGAIN),
+    which used to end the command with part of a line and "Resource temporarily unavailable"."""
+    source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [i + 1] * 5, "top_logprobs": 20} for i in range(2)])
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    with open(read, "rb") as reader:
+        process = subprocess.Popen(command(str(source), "--model", "random-tiny", "--max-new-tokens", "100",
+                                           "--no-stop"), stdout=write, stderr=subprocess.PIPE,
+                                   env=environment(tmp_path / "hf"))
+        os.close(write)
+        try:
+            out = b""
+            while chunk := reader.read1(4096):  # slowly: a page at a time, so the pipe is often full
+                out += chunk
+                time.sleep(0.002)
+            _, err = process.communicate(timeout=60)
+        finally:
+            process.kill()
+    assert process.returncode == 0, err
+    assert [len(json.loads(line)["tokens"]) for line in out.decode().splitlines()] == [100, 100]
+
+
+def test_batch_runs_in_a_thread_too_where_signals_cannot_be_held(capsys, tmp_path, small):
+    """Only the main thread may set signal handlers: elsewhere a line is written without them."""
+    source, target, codes = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}] * 2), tmp_path / "o", []
+    thread = threading.Thread(target=lambda: codes.append(main(["batch", str(source), "-o", str(target),
+                                                                "--model", small, "--max-new-tokens", "2"])))
+    thread.start()
+    thread.join(timeout=60)
+    assert codes == [0] and len(target.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("lines, argv, message", [
+    ([{"prompt_ids": [1]}, {"prompt_ids": [2], "temperature": 0.5, "seed": 3}], ["--seed", "1"],
+     "argument --seed: has no effect: every line is greedy (temperature 0) or has a seed of its own"),
+    ([{"prompt_ids": [1], "temperature": 0.0}], ["--top-k", "5", "--temperature", "1"],
+     "argument --top-k: has no effect: every line is greedy (temperature 0) or has a top_k of its own"),
+    ([{"prompt_ids": [1], "temperature": 1.0, "top_p": None}], ["--top-p", "0.5"],
+     "argument --top-p: has no effect: every line is greedy (temperature 0) or has a top_p of its own"),
+])
+def test_an_option_no_line_takes_and_is_changed_by_is_a_usage_error(capsys, tmp_path, small, lines, argv,
+                                                                     message):
+    code, outputs, err = batch(capsys, tmp_path, lines, small, *argv)
+    assert (code, outputs, err) == (2, None, f"error: {message}\n")
+    lines.append({"prompt_ids": [3], "temperature": 0.7})  # a line that samples with the option: it counts
+    assert batch(capsys, tmp_path, lines, small, *argv, "--max-new-tokens", "2")[0] == 0
+
+
+def test_a_stop_option_every_line_overrides_is_a_usage_error(capsys, tmp_path, tokenizer):
+    lines = [{"prompt": "a", "stop": ["b"]}, {"prompt": "c", "stop": None}]
+    code, outputs, err = batch(capsys, tmp_path, lines, "random-tiny", "--stop", "x")
+    assert (code, outputs, err) == (2, None, "error: argument --stop: has no effect: every line has a stop of its "
+                                             "own\n")
+
+
 def test_stop_strings_without_a_tokenizer_are_refused_as_the_option_not_a_line(capsys, tmp_path, small):
     code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1]}], small, "--stop", "x")
-    assert (code, outputs) == (1, None)
-    assert err.startswith("error: stop strings need the model's tokenizer") and err.count("\n") == 1
+    assert (code, outputs) == (2, None)  # a usage error, naming the option
+    assert err.startswith("error: argument --stop: stop strings need the model's tokenizer") and err.count("\n") == 1
 
 
 # Text (random-tiny: GPT-2's vocabulary and tokenizer)
@@ -282,6 +440,8 @@ def test_text_prompts_stop_strings_and_the_text_field(capsys, tmp_path, tokenize
                                   stop=line.get("stop", ["x"]), top_logprobs=line.get("top_logprobs", 0))
         assert_same(output, result)
         assert output["text"] == result.text
+        for step in output.get("top_logprobs", []):
+            assert [entry["token"] for entry in step] == [tokenizer.decode([entry["id"]]) for entry in step]
     assert outputs[0]["finish_reason"] == "stop" and outputs[0]["text"] == "".join(pieces[:cut])
     assert outputs[1]["text"] == "".join(pieces)  # null: no stop strings, not even --stop's
     assert outputs[2]["prompt_ids"] == [model.config.eos_token_id]
@@ -341,3 +501,43 @@ def test_ctrl_c_exits_130_and_every_line_written_is_whole_json(tmp_path, tokeniz
     assert 2 <= len(outputs) < 64
     assert [o["id"] for o in outputs] == list(range(1, len(outputs) + 1))
     assert all(len(o["tokens"]) == 250 for o in outputs)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux's F_GETPIPE_SZ to see a pipe is full")
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_a_signal_while_a_slow_pipe_takes_a_long_line_leaves_only_whole_lines(tmp_path, tokenizer, signum,
+                                                                              unbuffered):
+    """Lines of ~300 kB into a pipe of 64 KiB that nobody reads: the command is blocked inside line
+    1 when the signal comes. It finishes the line as the pipe is drained, then stops as the signal
+    says. Unbuffered (python -u), a short write used to drop the rest of the line silently."""
+    import fcntl
+    import termios
+
+    signum = getattr(signal, signum)
+    lines = [{"prompt_ids": [i + 1] * 5, "top_logprobs": 20} for i in range(8)]
+    source = write_lines(tmp_path / "in.jsonl", lines)
+    process = subprocess.Popen(
+        command(str(source), "--model", "random-tiny", "--max-new-tokens", "250", "--no-stop", "--max-batch-size", "1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**environment(tmp_path / "hf"),
+                                                             "PYTHONUNBUFFERED": unbuffered},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even if our SIGINT is ignored
+    )
+    try:
+        pipe = process.stdout.fileno()
+        capacity = fcntl.fcntl(pipe, fcntl.F_GETPIPE_SZ)
+        deadline = time.monotonic() + 60
+        while struct.unpack("i", fcntl.ioctl(pipe, termios.FIONREAD, b"\0" * 4))[0] < capacity:  # full: blocked
+            assert process.poll() is None, f"ended before the signal: {process.stderr.read()!r}"
+            assert time.monotonic() < deadline, "the pipe was not full within 60 s"
+            time.sleep(0.02)
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=60)  # the slow reader now drains the pipe
+    finally:
+        process.kill()
+    assert process.returncode == (130 if signum == signal.SIGINT else -signum), err
+    assert b"Traceback" not in err
+    assert out.endswith(b"\n") and len(out) > capacity
+    outputs = [json.loads(line) for line in out.decode().splitlines()]
+    assert 1 <= len(outputs) < len(lines)
+    assert all(len(o["top_logprobs"]) == 250 for o in outputs)

@@ -23,6 +23,7 @@ import pytest
 from test_api_errors import ALIASES, BROKEN_CHECKPOINTS, EOT, TINY, ReadError, make_checkpoint, only_a_pickle
 
 import minigpt
+import minigpt.cli.generate
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
 from minigpt.weights import params_from_tensors, params_to_tensors, random_params
@@ -114,7 +115,8 @@ def test_a_pickle_checkpoint_is_refused_unopened_by_the_real_command(tmp_path):
 @pytest.mark.parametrize("option, value", [
     ("--temperature", "-1"), ("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "0"),
     ("--top-p", "1.5"), ("--top-k", "0"), ("--top-k", "2.5"), ("--max-new-tokens", "-1"), ("--seed", "-1"),
-    ("--kernels", "fastest"), ("--top-logprobs", "-1"), ("--draft-tokens", "0"),
+    ("--kernels", "fastest"), ("--top-logprobs", "-1"), ("--top-logprobs", "21"),
+    ("--top-logprobs", "99999999999999999999"), ("--draft-tokens", "0"),
 ])
 def test_a_bad_option_is_a_usage_error_naming_it(capsys, option, value):
     assert_error(cli(capsys, "hi", "--model", "random-tiny", option, value), [f"argument {option}", value],
@@ -123,6 +125,7 @@ def test_a_bad_option_is_a_usage_error_naming_it(capsys, option, value):
 
 @pytest.mark.parametrize("option, value", [
     ("--max-batch-size", "0"), ("--kv-cache-tokens", "0"), ("--kv-cache-tokens", "1e3"), ("--top-logprobs", "-1"),
+    ("--top-logprobs", "99999999999999999999"),
     ("--temperature", "nan"), ("--top-p", "0"), ("--max-new-tokens", "-1"), ("--seed", "x"),
 ])
 def test_a_bad_batch_option_is_a_usage_error_naming_it(capsys, tmp_path, option, value):
@@ -133,6 +136,21 @@ def test_a_bad_batch_option_is_a_usage_error_naming_it(capsys, tmp_path, option,
         code = e.code
     out, err = capsys.readouterr()
     assert_error((code, out, err), [f"argument {option}", value], exit_code=2)
+
+
+@pytest.mark.parametrize("argv, option, needed", [
+    (["--top-logprobs", "3"], "--top-logprobs", "--json"),
+    (["--top-logprobs", "0"], "--top-logprobs", "--json"),
+    (["--draft-tokens", "3"], "--draft-tokens", "--speculate"),
+    (["--draft-tokens", "3", "--json"], "--draft-tokens", "--speculate"),
+    (["--seed", "1"], "--seed", "--temperature above 0"),
+    (["--top-k", "5", "--temperature", "0"], "--top-k", "--temperature above 0"),
+    (["--top-p", "0.5", "--speculate", "ngram"], "--top-p", "--temperature above 0"),
+])
+def test_an_option_without_the_one_it_needs_is_a_usage_error_saying_so(capsys, monkeypatch, argv, option, needed):
+    monkeypatch.setattr(minigpt.cli.generate, "load_model", lambda args: pytest.fail("the model was loaded"))
+    assert_error(cli(capsys, "hi", "--model", "random-tiny", *argv),
+                 [f"argument {option}: has no effect without {needed}"], exit_code=2)
 
 
 def test_prompt_plus_new_tokens_beyond_the_context_is_refused_stating_the_limit(capsys):
@@ -147,6 +165,15 @@ def test_speculation_without_the_cache_is_a_usage_error(capsys):
                  ["--no-cache", "not allowed with", "--speculate"], exit_code=2)
 
 
+def test_a_draft_model_that_cannot_be_loaded_is_named_as_speculate_not_model(capsys, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("{}\n")
+    assert_error(cli(capsys, "hi", "--model", "random-tiny", "--speculate", str(prompts)),
+                 [f"--speculate: {prompts} is a file, not a checkpoint directory"])
+    code, out, err = cli(capsys, "hi", "--model", "random-tiny", "--speculate", "no-such-draft")
+    assert err.startswith("error: --speculate: no directory 'no-such-draft'") and "--model" not in err
+
+
 def test_a_draft_model_with_another_vocabulary_is_refused(capsys):
     draft = str(REPO / "tests" / "fixtures" / "float32")
     assert_error(cli(capsys, "hi", "--model", "random-tiny", "--speculate", draft),
@@ -156,7 +183,8 @@ def test_a_draft_model_with_another_vocabulary_is_refused(capsys):
 @pytest.mark.parametrize("stop, names", [("", ["stop string must not be empty"]),
                                          ("\udcff", ["stop string", "not valid Unicode"])])
 def test_a_bad_stop_string_is_refused(capsys, stop, names):
-    assert_error(cli(capsys, "hi", "--model", "random-tiny", "--stop", stop), names)
+    assert_error(cli(capsys, "hi", "--model", "random-tiny", "--stop", stop), ["argument --stop: ", *names],
+                 exit_code=2)
 
 
 def generate_json(capsys, *argv: str) -> dict:
@@ -205,14 +233,15 @@ def test_score_refuses_what_it_cannot_score(capsys, tmp_path):
     assert_error(score(capsys, "", "--model", "random-tiny"), ["at least 2 tokens", "got 0"])
     assert_error(score(capsys, "Hello", "--model", "random-tiny"), ["at least 2 tokens", "got 1"])
     assert_error(score(capsys, "a b c", "--model", "random-tiny", "--stride", "257"),
-                 ["stride must be an integer in 1..256", "got 257"])
+                 ["argument --stride: ", "stride must be an integer in 1..256", "got 257"], exit_code=2)
     missing, latin1 = tmp_path / "missing.txt", tmp_path / "latin1.txt"
     latin1.write_bytes("café".encode("latin-1"))
     assert_error(score(capsys, "--file", str(missing), "--model", "random-tiny"),
-                 [f"cannot read --file '{missing}'", "No such file"])
-    assert_error(score(capsys, "--file", str(tmp_path), "--model", "random-tiny"), ["cannot read --file"])
+                 [f"cannot read --file '{missing}'", "No such file"], exit_code=2)
+    assert_error(score(capsys, "--file", str(tmp_path), "--model", "random-tiny"), ["cannot read --file"],
+                 exit_code=2)
     assert_error(score(capsys, "--file", str(latin1), "--model", "random-tiny"),
-                 [f"--file '{latin1}' is not UTF-8 text", "byte 3 is 0xe9"])
+                 [f"--file '{latin1}' is not UTF-8 text", "byte 4 is 0xe9"], exit_code=2)  # from 1, as batch
 
 
 # Ctrl-C

@@ -203,13 +203,18 @@ def test_the_real_process_exits_1_on_a_closed_or_full_stdout_and_0_on_a_closed_s
 
 @pytest.mark.parametrize("target, names", [
     ("x.foo", ["argument --plot", "x.foo", "matplotlib cannot write a .foo file", ".png", ".svg"]),
-    ("", ["argument --plot", "is a directory", "staircase.png"]),
+    ("", ["argument --plot", "is a directory", "staircase.png"]),  # tmp_path itself
     ("no/such/dir/x.png", ["argument --plot", "there is no directory", "no/such/dir"]),
 ])
 def test_a_bad_plot_target_is_a_usage_error_before_the_model_is_loaded(capsys, tmp_path, target, names):
     pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
     path = str(tmp_path / target)
     assert_error(cli(capsys, "--model", "no-such-model", "--plot", path, command="staircase"), names, exit_code=2)
+
+
+def test_an_empty_plot_path_is_a_usage_error_not_the_current_directory(capsys):
+    assert_error(cli(capsys, "--model", "no-such-model", "--plot", "", command="staircase"),
+                 ["argument --plot: is an empty path: name a file, such as staircase.png"], exit_code=2)
 
 
 @pytest.mark.parametrize("make, what", [(os.mkfifo, "is a FIFO, not a file"),

@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 import math
+import os
+import sys
 
 import pytest
 from test_cli_errors import cli
 
 import minigpt
+import minigpt.cli.score
 
 TEXT = "The dog said:\n\"naïve café\"\tok"
 
@@ -66,3 +71,50 @@ def test_a_text_longer_than_the_context_is_scored_with_the_stride(capsys, tiny_m
     assert len(ids) > tiny_model.config.n_positions
     document = score_json(capsys, "--file", str(path), "--stride", "100")
     assert document["stride"] == 100 and document["logprobs"] == minigpt.score(tiny_model, ids, 100).tolist()
+
+
+def test_a_leading_bom_is_skipped_as_utf_8_sig_skips_it(capsys, tmp_path):
+    """A BOM used to be scored as three U+FFFD tokens."""
+    path = tmp_path / "bom.txt"
+    path.write_bytes(codecs.BOM_UTF8 + TEXT.encode())
+    assert score_json(capsys, "--file", str(path)) == score_json(capsys, TEXT)
+
+
+def test_stdin_a_pipe_and_dev_stdin_are_read(capsys, tmp_path, monkeypatch):
+    expected = score_json(capsys, TEXT)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(TEXT.encode())))
+    assert score_json(capsys, "--file", "-") == expected
+    read, write = os.pipe()  # what `--file <(...)` and `--file /dev/stdin` of a pipe name
+    os.write(write, TEXT.encode())
+    os.close(write)
+    try:
+        assert score_json(capsys, "--file", f"/dev/fd/{read}") == expected
+    finally:
+        os.close(read)
+
+
+def test_a_file_that_never_ends_is_refused_after_a_bounded_read(capsys):
+    code, out, err = cli(capsys, "--file", "/dev/zero", "--model", "random-tiny", command="score")
+    assert (code, out) == (2, "")
+    assert err == ("error: --file '/dev/zero' holds more than 4 MiB, more than one scoring run takes (about a "
+                   "million tokens); score it in parts\n")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--file", ""], "error: --file is an empty path: name a file, or - for stdin"),
+    (["a b", "--stride", "0"], "error: argument --stride: must be >= 1, got 0"),
+    (["a b", "--stride", "257"], "error: argument --stride: stride must be an integer in 1..256"),
+])
+def test_usage_errors_exit_2_naming_the_option(capsys, argv, message):
+    code, out, err = cli(capsys, *argv, "--model", "random-tiny", command="score")
+    assert (code, out) == (2, "") and err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_the_file_bound_is_exact(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(minigpt.cli.score, "MAX_FILE_BYTES", len(TEXT.encode()))
+    path = tmp_path / "text.txt"
+    path.write_bytes(codecs.BOM_UTF8 + TEXT.encode())  # the BOM does not count
+    assert score_json(capsys, "--file", str(path)) == score_json(capsys, TEXT)
+    path.write_bytes(TEXT.encode() + b" ")
+    code, out, err = cli(capsys, "--file", str(path), "--model", "random-tiny", command="score")
+    assert (code, out) == (2, "") and "holds more than" in err

@@ -137,10 +137,11 @@ def test_numpy_integers_are_counts_too():
 
 
 @pytest.mark.parametrize("prompt, reply, dtype", [(0, 5, None), (5, 0, None), (True, 5, None), (5.0, 5, None),
-                                                  (5, 5, "int8")])
+                                                  (5, 5, "int8"), (5, 10 ** 400, None), (10 ** 15 + 1, 5, None)])
 def test_invalid_requests_raise_input_error(prompt, reply, dtype):
-    with pytest.raises(InputError):
+    with pytest.raises(InputError):  # reply 10**400 overflowed float64 in the ratios
         estimate(GPT2, prompt, reply, dtype)
+    assert estimate(GPT2, 10 ** 15, 10 ** 15).ratio > 1  # the bound itself stays finite
 
 
 def test_cli_json_has_the_counts_and_kv_figures(capsys):

@@ -18,7 +18,7 @@ import pytest
 import minigpt
 from minigpt import speculative
 from minigpt.config import GPT2Config
-from minigpt.errors import ContextLengthError, InputError
+from minigpt.errors import ContextLengthError, DrafterError, InputError
 from minigpt.model import Model
 from minigpt.weights import random_params
 from minigpt.sampling import SamplingOptions, filtered_log_probs
@@ -73,6 +73,7 @@ def test_verify_greedy_keeps_confirmed_drafts_then_the_models_own_token():
     (dict(speculate="ngram", use_cache=False), InputError, "cannot run without it"),
     (dict(speculate="medusa"), InputError, "speculate must be 'ngram', a draft model or a drafter"),
     (dict(speculate=3), InputError, "speculate must be 'ngram', a draft model or a drafter"),
+    (dict(speculate=NGramDrafter), InputError, r"speculate got the class NGramDrafter: give an instance"),
 ])
 def test_bad_speculation_is_refused_before_any_work(kwargs, error, message):
     with pytest.raises(error, match=message):
@@ -83,6 +84,56 @@ def test_a_draft_model_whose_context_is_too_short_is_refused():
     config = GPT2Config(vocab_size=6, n_positions=8, n_embd=8, n_layer=1, n_head=1, eos_token_id=None)
     with pytest.raises(ContextLengthError, match="the draft model's context holds 8"):
         minigpt.generate(tiny(6, 0), [1, 2], 20, speculate=Model(config, random_params(config)))
+
+
+class FixedDrafter:
+    """Proposes whatever `proposal(k)` makes of the k it is asked for: a drafter of one's own."""
+
+    def __init__(self, proposal):
+        self.proposal = proposal
+
+    def propose(self, ids, k, options, rng):
+        return self.proposal(k)
+
+    def accepted(self, n_positions):
+        pass
+
+
+@pytest.mark.parametrize("proposal, fault", [
+    (lambda k: None, "returned NoneType None"),
+    (lambda k: [1] * k, "returned list [1, 1, 1, 1]"),  # drafts without q
+    (lambda k: ([1] * k, None, 0), "returned tuple"),
+    (lambda k: ([1] * (k + 1), None), "5 drafts where 4 were asked for"),
+    (lambda k: ([1] * 1000, None), "1000 drafts where 4 were asked for"),
+    (lambda k: ([6] * k, None), "token id 6 at index 0 is outside [0, 6)"),
+    (lambda k: ([1.0] * k, None), "token id at index 0 is 1.0, not an integer"),
+    (lambda k: ("ab", None), "got the text 'ab'"),
+    (lambda k: ([1] * k, np.full((k + 1, 6), 1 / 6)), "q of shape [5, 6] for 4 drafts"),
+    (lambda k: ([1] * k, np.full(6, 1 / 6)), "q of shape [6] for 4 drafts"),
+    (lambda k: ([1] * k, np.zeros((k, 6))), "a q whose row 0 sums to 0, not 1"),  # would accept every draft
+    (lambda k: ([1] * k, np.full((k, 6), 0.5)), "a q whose row 0 sums to 3, not 1"),
+    (lambda k: ([1] * k, np.full((k, 6), np.nan)), "a q with negative, NaN or infinite probabilities"),
+    (lambda k: ([1] * k, np.eye(6)[[1] * k] * 2 - np.eye(6)[[2] * k]), "negative, NaN or infinite"),
+    (lambda k: ([0] * k, np.eye(6)[[1] * k]), "draft 0 (0) with probability 0 in its row of q"),
+    (lambda k: ([1] * k, "q"), "a q that is no array of real numbers (str of <U1)"),
+    (lambda k: ([1] * k, np.full((k, 6), 1 / 6) + 1j), "no array of real numbers (ndarray of complex128)"),
+    (lambda k: ([1] * k, [[0.5, 0.5], [1.0]] * 2), "a q that is no array of numbers (list)"),
+])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_drafter_that_breaks_its_contract_is_named_with_what_it_returned(proposal, fault, temperature):
+    with pytest.raises(DrafterError) as caught:
+        minigpt.generate(tiny(6, 0), [1, 2, 3], 6, speculate=FixedDrafter(proposal), temperature=temperature,
+                         seed=0)
+    assert isinstance(caught.value, InputError)  # a MinigptError: the CLI and callers catch it as one
+    assert str(caught.value).startswith("the drafter FixedDrafter's propose returned ") and fault in str(caught.value)
+
+
+def test_a_drafter_may_return_a_numpy_array_of_drafts_and_fewer_than_asked():
+    model = tiny(6, 0)
+    expected = minigpt.generate(model, [1, 2, 3], 8, speculate=FixedDrafter(lambda k: ([1] * k, None)))
+    for proposal in (lambda k: (np.ones(k, np.int32), None), lambda k: ([1] * k, np.eye(6)[[1] * k])):
+        assert minigpt.generate(model, [1, 2, 3], 8, speculate=FixedDrafter(proposal)).tokens == expected.tokens
+    assert minigpt.generate(model, [1, 2, 3], 8, speculate=FixedDrafter(lambda k: ([], None))).drafted == 0
 
 
 # --------------------------------------------------------------------------- counts and k

@@ -15,12 +15,12 @@ import importlib.metadata
 import os
 import sys
 from contextlib import contextmanager, suppress
-from typing import Callable, Iterator, TextIO
+from typing import Iterator
 
 from ..errors import MinigptError
 from ..checks import with_truncate_hint
 from . import batch, cost, generate, prove, score, staircase, tune
-from .common import UsageError
+from .common import Stream, UsageError
 
 COMMANDS = (generate, batch, score, prove, staircase, cost, tune)
 
@@ -137,32 +137,3 @@ def output_error(error: OSError):
     if isinstance(error, BrokenPipeError):
         raise error
     raise OutputError(f"cannot write to stdout: {error.strerror or error}") from None
-
-
-class Stream:
-    """A standard stream whose failed writes and flushes go to `failed` (stdout's raise OutputError,
-    stderr's are dropped); its descriptor then points to /dev/null, so that nothing fails twice, not
-    even Python's last flush at exit (which would turn the exit status into 120)."""
-
-    def __init__(self, stream: TextIO, failed: Callable[[OSError], None]):
-        self.stream, self.failed = stream, failed
-
-    def write(self, text: str):
-        return self.guard(self.stream.write, text)
-
-    def flush(self) -> None:
-        self.guard(self.stream.flush)
-
-    def guard(self, call, *args):
-        try:
-            return call(*args)
-        except OSError as error:
-            with suppress(OSError, ValueError, AttributeError):  # a stream without a descriptor (tests)
-                descriptor = self.stream.fileno()
-                null = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(null, descriptor)
-                os.close(null)
-            return self.failed(error)
-
-    def __getattr__(self, name: str):  # encoding, isatty, fileno, ...: the stream's own
-        return getattr(self.stream, name)

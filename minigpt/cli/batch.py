@@ -1,6 +1,6 @@
 """`batch INPUT [-o OUTPUT]`: a JSON Lines file of prompts in, one JSON line of results per prompt out.
 
-The prompts are generated together by the continuous-batching scheduler (minigpt.batching): each
+The prompts are generated together on an Engine (minigpt.engine), with its prefix cache: each
 as if it were alone, bitwise with the exact kernels, whatever the batch and the preemptions. Every
 line is checked before any work; results come back in any order and are written in input order,
 each as soon as it and all the lines before it are done.
@@ -16,42 +16,53 @@ import reprlib
 import sys
 import time
 from contextlib import closing, contextmanager
-from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import Callable, Iterator
 
 from tqdm import tqdm
 
 from ..api import Engine, make_request
 from ..checks import check_stop
-from ..errors import InputError, MinigptError
+from ..errors import InputError, MinigptError, check_bool
 from ..model import Model
 from ..safetensors_format import unique_keys
 from ..sequence import GenerationResult, Request
-from .common import (UsageError, add_model_options, add_sampling_options, encode_prompt, json_text, load_model,
-                     positive_int)
+from ..tokenizer import valid_text
+from .common import (Stream, UsageError, add_model_options, add_sampling_options, check_option, encode_prompt,
+                     input_chunks, json_text, load_model, positive_int, print_whole, top_logprobs_json, utf8_text)
 from .cost import binary
 
 LINE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "top_logprobs")  # as in the epilog
-KEYS = ("id", "prompt", "prompt_ids", *LINE_OPTIONS)
+KEYS = ("id", "prompt", "prompt_ids", "prompt_logprobs", *LINE_OPTIONS)
 DEFAULT_MAX_BATCH_SIZE = 16
+# A line holds one prompt, which must fit in a context: 1,024 GPT-2 tokens of at most 128 bytes each are
+# 128 KiB, 768 KiB written as \u escapes; ids take 7 bytes each. Each line becomes a request checked
+# and kept before any work (a few kB), and 100,000 requests are hours of generation.
+MAX_LINE_BYTES = 1 << 20
+MAX_LINES = 100_000
 
 DESCRIPTION = """\
 Generate a continuation for every line of INPUT, decoding up to B sequences together over one
-pool of paged keys and values (minigpt.batching, docs/paging.md). With the exact kernels every
-result is bitwise the one `generate` gives for that prompt alone. The defaults are generate's:
-greedy, stop at end of text."""
+pool of paged keys and values whose full pages are kept for the prompts that begin alike
+(minigpt.engine, docs/prefix-cache.md). With the exact kernels every result is bitwise the one
+`generate` gives for that prompt alone, with the prefix cache or without. The defaults are
+generate's: greedy, stop at end of text."""
 
 EPILOG = """\
-INPUT: one JSON object per line; blank lines are skipped (they still count in line numbers).
+INPUT: one JSON object per line, UTF-8 (a leading BOM skipped), at most 1 MiB a line and 100,000
+lines; blank lines are skipped (they still count in line numbers).
   {"id": "a", "prompt": "The dog"}
   {"prompt_ids": [464, 3290], "max_new_tokens": 5, "temperature": 0.8, "seed": 1}
   "prompt"          text to continue (GPT-2's tokenizer), or
   "prompt_ids"      token ids to continue: exactly one of the two
-  "id"              any string, number, boolean or null, copied to the output (default: the
-                    line number)
+  "id"              any string (valid Unicode), number, boolean or null, copied to the output
+                    (default: the line number)
   "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop" (a list of strings),
   "top_logprobs"    this line's value of the option of that name (--max-new-tokens, ...);
                     null for top_k, top_p, seed or stop turns the option off for the line
+                    (--top-k, --top-p, --seed or --stop that no line takes, or only greedy ones
+                    take, is an error: it would change nothing)
+  "prompt_logprobs" true: also score the prompt (its tokens' log-probabilities, and with
+                    top_logprobs their most likely alternatives); default false
   Invalid JSON, any other key or a bad value (a type, a range, a token id outside the vocabulary,
   a prompt too long for the context or the pool) fails the whole run before any work with one
   line "error: INPUT line N: ..." and exit status 2; OUTPUT is then not written.
@@ -60,19 +71,25 @@ OUTPUT: one JSON object per input line, in input order, each written as soon as 
 before it are done (ASCII JSON: other characters as \\u escapes).
   "id"              the input's, or its line number
   "prompt_ids"      the prompt as fed (an empty prompt starts from <|endoftext|>: [50256])
-  "tokens"          the new token ids, up to and including the one that completed a stop string
-  "text"            the new text, ended before the first stop string and without the
-                    <|endoftext|> that ended it; null when the model's vocabulary is not GPT-2's
-                    (it has no tokenizer and takes "prompt_ids" only)
+  "tokens"          the new token ids
+  "text"            the new text, without the <|endoftext|> that ended it; null when the model's
+                    vocabulary is not GPT-2's (it has no tokenizer and takes "prompt_ids" only)
   "finish_reason"   "eos", "length" or "stop"
   "preemptions"     times the scheduler took the sequence's keys and values away to make room
                     (recomputed when it resumed: with the exact kernels, bitwise)
+  "cached_tokens"   prompt positions whose keys and values came from the prefix cache
   "logprobs"        each new token's log-probability under the model's raw distribution
-  "top_logprobs"    only when top_logprobs N > 0: per token, the N most likely [id, logprob]
+  "top_logprobs"    only when top_logprobs N > 0: per token, the N most likely, most likely first,
+                    as {"id", "token", "logprob"} (as generate --json and the OpenAI API write
+                    them; "token" is the id's text, null with "text")
+  "prompt_logprobs" only with "prompt_logprobs": true: [null, log P(prompt[1] | prompt[:1]), ...],
+                    bitwise what `score` gives; "prompt_top_logprobs" too with top_logprobs N > 0
 
 stderr: a progress bar (tqdm: finished requests, tokens/s; TQDM_DISABLE=1 hides it), then a
-summary: requests, tokens, wall time, tokens/s, peak pages in use (and their bytes), preemptions.
-Ctrl-C stops with exit status 130; every line already written is whole.
+summary: requests, tokens, wall time, tokens/s, peak pages in use (and their bytes), preemptions,
+prompt tokens taken from the prefix cache.
+Ctrl-C stops with exit status 130; every line already written is whole (one being written when
+the signal comes, or SIGTERM's or SIGHUP's, is finished first, even into a slow pipe).
 """
 
 
@@ -98,23 +115,22 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     model = load_model(args)
-    model.tokenizer  # built now, before any work: text prompts, stop strings and the output's text need it
-    check_stop(model, args.stop)  # an option's fault, not the first line's
-    ids, requests, engine = checked_requests(model, args)
+    tokenizer = model.tokenizer  # now, before any work: text prompts, stop strings and the output's text need it
+    check_option("--stop", check_stop, model, args.stop)  # an option's fault, not the first line's
+    ids, requests, scoring, engine = checked_requests(model, args)
     pool = engine.pool
     clock = time.perf_counter()
     pending: dict[int, GenerationResult] = {}  # finished, waiting for the lines before them
     written = tokens = preemptions = cached = 0
     with output(args.output) as out, progress(len(requests)) as (bar, on_step), \
-            closing(engine.results(requests, [False] * len(requests), on_step)) as finished:
+            closing(engine.results(requests, scoring, on_step)) as finished:
         for i, result in finished:  # in the order they finish
             bar.update(1)
             tokens, preemptions = tokens + len(result.tokens), preemptions + result.preemptions
             cached += result.cached_tokens
             pending[i] = result
-            while written in pending:  # release in input order, each line in one write
-                out.write(json_text(as_json(ids[written], pending.pop(written))) + "\n")
-                out.flush()
+            while written in pending:  # release in input order, each line whole (print_whole)
+                print_whole(json_text(as_json(ids[written], pending.pop(written), tokenizer)), out)
                 written += 1
     seconds = time.perf_counter() - clock
     print(f"{len(requests)} requests, {tokens:,} tokens, {seconds:.3f} s, {tokens / seconds:,.1f} tokens/s, "
@@ -125,52 +141,66 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list[Request], Engine]:
-    """Every line of INPUT checked, before any work: the lines' ids, their requests and the engine
-    whose pool they all fit in. The first bad line fails the run (UsageError naming it)."""
+def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list[Request], list[bool], Engine]:
+    """Every line of INPUT checked, before any work: the lines' ids, their requests, whether each
+    scores its prompt, and the engine whose pool they all fit in. The first bad line fails the run
+    (UsageError naming it), and so does an option that no line takes and is changed by (--seed when
+    every line is greedy or has its own seed)."""
     name = "stdin" if args.input == "-" else args.input
-    lines = read_lines(args.input, name)
     defaults = {key: getattr(args, key) for key in LINE_OPTIONS}
-    ids, requests = [], []
-    for number, text in lines:
+    numbers, ids, requests, scoring, used = [], [], [], [], set()
+    for number, text in read_lines(args.input, name):  # each line parsed as it comes, its text then dropped
         try:
-            identity, request = parse_line(model, text, number, defaults, not args.no_stop)
+            identity, request, scores, taken = parse_line(model, text, number, defaults, not args.no_stop)
         except MinigptError as e:
             raise UsageError(f"{name} line {number}: {e}") from None
+        numbers.append(number)
         ids.append(identity)
         requests.append(request)
+        scoring.append(scores)
+        used |= {key for key in taken if key == "stop" or request.sampling.temperature > 0}  # greedy: no sampling
+    for key in ("top_k", "top_p", "seed", "stop"):  # the options whose default (None) tells whether they were given
+        if defaults[key] is not None and requests and key not in used:
+            reason = "every line is greedy (temperature 0) or has" if key != "stop" else "every line has"
+            raise UsageError(f"argument --{key.replace('_', '-')}: has no effect: {reason} a {key} of its own")
     at_once = min(args.max_batch_size, max(1, len(requests)))  # the pool holds what the batch can at once
     engine = Engine(model, max_batch_size=at_once, kv_cache_tokens=args.kv_cache_tokens,
                     prefix_cache=not args.no_prefix_cache)
     try:
         engine.check_fits(requests)
-    except InputError as e:  # "prompt i: ...", i counting the requests
+    except InputError as e:  # "prompt i: ... (kv_cache_tokens)", i counting the requests, the keyword the API's
         i, message = re.fullmatch(r"prompt (\d+): (.*)", str(e), re.DOTALL).groups()
-        raise UsageError(f"{name} line {lines[int(i)][0]}: {message}") from None
-    return ids, requests, engine
+        message = message.replace("(kv_cache_tokens)", "(--kv-cache-tokens)")
+        raise UsageError(f"{name} line {numbers[int(i)]}: {message}") from None
+    return ids, requests, scoring, engine
 
 
-def read_lines(path: str, name: str) -> list[tuple[int, str]]:
-    """INPUT's lines that are not blank, each with its number (from 1)."""
-    if path == "-" and sys.stdin is None:
-        raise UsageError("cannot read INPUT -: stdin is closed")
-    try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    except OSError as e:
-        raise UsageError(f"cannot read INPUT {path}: {e.strerror or e}") from None
-    lines = []
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        if raw.strip():
-            try:
-                lines.append((number, raw.decode("utf-8")))
-            except UnicodeDecodeError as e:
-                raise UsageError(f"{name} line {number}: not UTF-8 text (byte {e.start + 1})") from None
-    return lines
+def read_lines(path: str, name: str) -> Iterator[tuple[int, str]]:
+    """INPUT's lines that are not blank, each with its number (from 1), yielded as they come and
+    bounded: a line of at most MAX_LINE_BYTES, at most MAX_LINES lines, so that an input that never
+    ends (/dev/zero, `yes`) is refused after a bounded read, never read until memory runs out."""
+    pending, number = b"", 0
+    for chunk in input_chunks(path, "INPUT"):
+        *complete, pending = (pending + chunk).split(b"\n")
+        for at, raw in enumerate([*complete, pending], start=number + 1):
+            if len(raw) > MAX_LINE_BYTES:
+                raise UsageError(f"{name} line {at} is longer than {MAX_LINE_BYTES:,} bytes (1 MiB): no "
+                                 "prompt that fits in a context needs as many")
+        for raw in complete:
+            number += 1
+            if raw.strip():
+                yield number, utf8_text(raw, f"{name} line {number}")
+        if number > MAX_LINES:
+            raise UsageError(f"{name} has more than {MAX_LINES:,} lines, more than one run takes; split it")
+    if pending.strip():
+        yield number + 1, utf8_text(pending, f"{name} line {number + 1}")
 
 
-def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos: bool) -> tuple[object, Request]:
-    """One line checked: its id (default: its number) and its request, with the options it overrides.
-    The request's checks are the library's own (make_request); only the JSON shapes are checked here."""
+def parse_line(model: Model, text: str, number: int, defaults: dict,
+               stop_at_eos: bool) -> tuple[object, Request, bool, set[str]]:
+    """One line checked: its id (default: its number), its request, with the options it overrides,
+    whether it scores its prompt, and the options it takes from the command line. The request's checks are the library's own
+    (make_request); only the JSON shapes are checked here."""
     try:
         line = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
@@ -188,33 +218,40 @@ def parse_line(model: Model, text: str, number: int, defaults: dict, stop_at_eos
         raise InputError('a line needs exactly one of "prompt" (text) and "prompt_ids" (token ids)')
     identity = line.get("id", number)
     if isinstance(identity, (list, dict)) or isinstance(identity, float) and not math.isfinite(identity):
-        raise InputError(f'"id" must be a string, finite number, boolean or null, got {reprlib.repr(identity)}')
+        raise InputError(f"id must be a string, finite number, boolean or null, got {reprlib.repr(identity)}")
+    if isinstance(identity, str) and valid_text(identity) != identity:  # JSON can spell "\ud800"
+        raise InputError(f"id must be valid Unicode text, got {reprlib.repr(identity)}, a lone surrogate: "
+                         "written out it would be U+FFFD, as another id's may be")
     if "prompt" in line and not isinstance(line["prompt"], str):
-        raise InputError(f'"prompt" must be a string (token ids go in "prompt_ids"), '
-                         f'got {reprlib.repr(line["prompt"])}')
+        raise InputError(f'prompt must be a string (token ids go in "prompt_ids"), got {reprlib.repr(line["prompt"])}')
     prompt = encode_prompt(model, line["prompt"]) if "prompt" in line else line["prompt_ids"]
     options = {**defaults, **{key: line[key] for key in LINE_OPTIONS if key in line}}
-    if not isinstance(options["stop"], (list, type(None))):
-        raise InputError(f'"stop" must be a list of strings, got {reprlib.repr(options["stop"])}')
-    return identity, make_request(model, prompt, stop_at_eos=stop_at_eos, **options)
+    taken = {key for key in LINE_OPTIONS if key not in line}
+    scores = check_bool(line.get("prompt_logprobs", False), "prompt_logprobs")
+    return identity, make_request(model, prompt, stop_at_eos=stop_at_eos, **options), scores, taken
 
 
 @contextmanager
-def output(path: str) -> Iterator[IO[str]]:
+def output(path: str) -> Iterator[Stream]:
     """OUTPUT opened for writing (stdout for -), only once every line of the input has been checked.
     A write that fails (a full disk, /dev/full) is an error naming OUTPUT, as stdout's are."""
     if path == "-":
         yield sys.stdout
         return
+    def failed(e: OSError):
+        raise MinigptError(f"cannot write OUTPUT {path}: {e.strerror or e}") from None
+
+    if path == "":
+        raise UsageError("OUTPUT is an empty path: name a file, or - for stdout")
     try:
         file = open(path, "w", encoding="utf-8")
     except OSError as e:
         raise UsageError(f"cannot write OUTPUT {path}: {e.strerror or e}") from None
     try:
         with file:
-            yield file
-    except OSError as e:
-        raise MinigptError(f"cannot write OUTPUT {path}: {e.strerror or e}") from None
+            yield Stream(file, failed)
+    except OSError as e:  # closing it
+        failed(e)
 
 
 @contextmanager
@@ -232,10 +269,15 @@ def progress(total: int) -> Iterator[tuple[tqdm, Callable[[int], None]]]:
         yield bar, on_step
 
 
-def as_json(identity, result: GenerationResult) -> dict:
+def as_json(identity, result: GenerationResult, tokenizer) -> dict:
     """One output line (see the epilog)."""
     line = {"id": identity, "prompt_ids": result.prompt_ids, "tokens": result.tokens, "text": result.text,
-            "finish_reason": result.finish_reason, "preemptions": result.preemptions, "logprobs": result.logprobs}
+            "finish_reason": result.finish_reason, "preemptions": result.preemptions,
+            "cached_tokens": result.cached_tokens, "logprobs": result.logprobs}
     if result.top_logprobs is not None:
-        line["top_logprobs"] = result.top_logprobs
+        line["top_logprobs"] = top_logprobs_json(tokenizer, result.top_logprobs)
+    if result.prompt_logprobs is not None:
+        line["prompt_logprobs"] = result.prompt_logprobs
+    if result.prompt_top_logprobs is not None:
+        line["prompt_top_logprobs"] = [None, *top_logprobs_json(tokenizer, result.prompt_top_logprobs[1:])]
     return line

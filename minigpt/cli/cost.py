@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from ..cost import ARCHITECTURES, DTYPE_BYTES, Cost, estimate
-from .common import checked, print_json, table
+from ..cost import ARCHITECTURES, DTYPE_BYTES, MAX_TOKENS, Cost, estimate
+from .common import checked, print_json, print_whole, table
 
-token_count = checked(int, lambda v: 1 <= v <= 10 ** 15, "in 1..10**15")  # beyond any context; floats stay finite
+token_count = checked(int, lambda v: 1 <= v <= MAX_TOKENS, "in 1..10**15")  # cost.estimate's bound
 
 
 def add_parser(sub) -> None:
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(as_json(c))
     else:
-        print(report(c))
+        print_whole(report(c))
     return 0
 
 

@@ -6,10 +6,15 @@ import argparse
 import sys
 
 from ..api import generate, stream
+from ..checks import check_stop
+from ..errors import MinigptError
 from ..loading import load
+from ..model import Model
 from ..sequence import GenerationResult
-from ..tokenizer import token_text, valid_text
-from .common import add_model_options, add_sampling_options, encode_prompt, load_model, positive_int, print_json
+from ..speculative import DRAFT_TOKENS
+from ..tokenizer import valid_text
+from .common import (UsageError, add_model_options, add_sampling_options, check_option, encode_prompt, load_model,
+                     positive_int, print_json, print_whole, top_logprobs_json)
 
 
 def add_parser(sub) -> None:
@@ -24,38 +29,61 @@ def add_parser(sub) -> None:
     loop.add_argument("--no-cache", action="store_true", help="the naive loop: rerun the whole sequence every step")
     loop.add_argument("--speculate", metavar="ngram|SRC",
                       help="speculative decoding: guess tokens by prompt lookup (ngram) or with a draft model "
-                           "(SRC, loaded with the same --kernels) and check them in one forward; same tokens")
-    p.add_argument("--draft-tokens", type=positive_int, default=4, metavar="K",
-                   help="with --speculate: at most K guesses per step (default 4)")
+                           "(SRC, loaded with the same --kernels) and check them in one forward. Greedy, exact "
+                           "kernels: the very tokens plain decoding gives (fast kernels: a near-tie may break the "
+                           "other way); sampling: tokens from the same distribution, though a --seed gives others")
+    p.add_argument("--draft-tokens", type=positive_int, default=None, metavar="K",
+                   help=f"with --speculate: at most K guesses per step (default {DRAFT_TOKENS})")
     p.add_argument("--truncate-prompt", action="store_true",
                    help="if prompt + new tokens - 1 (the last is never fed) exceed the context, keep only the "
                         "prompt's last tokens")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of streaming text")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, top_logprobs=None)  # None: not given (see check_needed)
+
+
+def check_needed(args: argparse.Namespace) -> None:
+    """An option that has no effect without another is a usage error saying so, never ignored."""
+    greedy = "greedy decoding takes the most likely token"
+    needs = [("--top-logprobs", args.top_logprobs, args.json, "--json", "only the JSON output has log-probabilities"),
+             ("--draft-tokens", args.draft_tokens, args.speculate, "--speculate", "nothing drafts without it"),
+             ("--top-k", args.top_k, args.temperature, "--temperature above 0", greedy),
+             ("--top-p", args.top_p, args.temperature, "--temperature above 0", greedy),
+             ("--seed", args.seed, args.temperature, "--temperature above 0", greedy)]
+    for option, value, other, name, why in needs:
+        if value is not None and not other:
+            raise UsageError(f"argument {option}: has no effect without {name} ({why})")
 
 
 def run(args: argparse.Namespace) -> int:
+    check_needed(args)
     model = load_model(args)
     tokenizer = model.tokenizer
+    check_option("--stop", check_stop, model, args.stop)
     ids = encode_prompt(model, args.prompt)  # undecodable bytes in the argument are kept as byte tokens
     speculate = None
     if args.speculate is not None:
-        speculate = "ngram" if args.speculate == "ngram" else load(args.speculate, kernels=args.kernels)
+        speculate = "ngram" if args.speculate == "ngram" else load_draft(args)
     options = dict(use_cache=not args.no_cache, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop, stop=args.stop,
-                   top_logprobs=args.top_logprobs, truncate_prompt=args.truncate_prompt,
+                   top_logprobs=args.top_logprobs or 0, truncate_prompt=args.truncate_prompt,
                    speculate=speculate, draft_tokens=args.draft_tokens)
     if args.json:
         print_json(as_json(generate(model, ids, args.max_new_tokens, **options), tokenizer, args))
         return 0
     tokens = stream(model, ids, args.max_new_tokens, **options)  # checks everything before printing
-    sys.stdout.write(valid_text(args.prompt))
-    sys.stdout.flush()
+    sys.stdout.write_whole(valid_text(args.prompt))  # each piece to its last byte (Stream.write_whole)
     for token in tokens:  # each with the text it adds, once no stop string can take it back
-        sys.stdout.write(token.text)
-        sys.stdout.flush()
-    sys.stdout.write("\n")
+        sys.stdout.write_whole(token.text)
+    print_whole("")
     return 0
+
+
+def load_draft(args: argparse.Namespace) -> Model:
+    """The draft model --speculate names; its errors say so, as the model's name no option."""
+    try:
+        return load(args.speculate, kernels=args.kernels)
+    except MinigptError as e:
+        raise type(e)(f"--speculate: {e}") from None
 
 
 def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace) -> dict:
@@ -67,7 +95,8 @@ def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace) -> di
         "truncate_prompt": args.truncate_prompt, "speculate": args.speculate,
     }
     if args.speculate is not None:
-        document.update(draft_tokens=args.draft_tokens, drafted=result.drafted, accepted=result.accepted)
+        document.update(draft_tokens=args.draft_tokens or DRAFT_TOKENS, drafted=result.drafted,
+                        accepted=result.accepted)
     document.update({
         "finish_reason": result.finish_reason,
         "prompt": valid_text(args.prompt),  # undecodable bytes replaced; prompt_ids hold them
@@ -76,7 +105,6 @@ def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace) -> di
         "logprobs": result.logprobs,
     })
     if result.top_logprobs is not None:
-        document["top_logprobs"] = [[{"id": t, "token": token_text(tokenizer, t), "logprob": lp} for t, lp in step]
-                                    for step in result.top_logprobs]
+        document["top_logprobs"] = top_logprobs_json(tokenizer, result.top_logprobs)
     document["step_ms"] = [round(s * 1e3, 3) for s in result.step_seconds]
     return document

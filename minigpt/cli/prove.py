@@ -7,7 +7,7 @@ import dataclasses
 
 from ..api import prove
 from ..causal_proof import COLUMNS, Comparison, Drift, Proof
-from .common import add_model_options, checked, encode_prompt, load_model, print_json, table
+from .common import add_model_options, checked, encode_prompt, load_model, print_json, print_whole, table
 
 DEFAULT_PROMPT = "The causal mask means that no position can see the future, so"  # 13 GPT-2 tokens
 
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(as_json(proof, args))
     else:
-        print(f"model {args.model}\n{render(proof)}")
+        print_whole(f"model {args.model}\n{render(proof)}")
     return 0 if proof.holds else 1
 
 

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
 from ..model import Model
 from ..api import score
 from ..checks import check_stride
 from ..tokenizer import token_text
-from .common import add_model_options, encode_prompt, load_model, positive_int, print_json, table
+from .common import (UsageError, add_model_options, check_option, encode_prompt, input_chunks, load_model,
+                     positive_int, print_json, print_whole, table, utf8_text)
+
+# --file's bound: about a million GPT-2 tokens, an hour and more of windows for GPT-2 small on two cores,
+# and a few hundred MB of per-token results; wikitext-2's test split (1.3 MB), the usual perplexity
+# benchmark, fits three times. Anything longer (/dev/zero, a stream that never ends) is refused after
+# reading that much, not read until memory runs out.
+MAX_FILE_BYTES = 4 << 20
 
 
 def add_parser(sub) -> None:
@@ -24,7 +29,8 @@ def add_parser(sub) -> None:
                                    "(docs/sampling.md).")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("text", nargs="?", metavar="TEXT", help="the text to score")
-    source.add_argument("--file", type=Path, metavar="PATH", help="score this UTF-8 text file instead")
+    source.add_argument("--file", metavar="PATH",
+                        help=f"score this UTF-8 text file instead (- reads stdin; at most {MAX_FILE_BYTES >> 20} MiB)")
     add_model_options(p)
     p.add_argument("--stride", type=positive_int, default=None, metavar="N",
                    help="for texts longer than the context: each window after the first scores the next N "
@@ -37,23 +43,24 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     text = args.text if args.file is None else read_text(args.file)
     model = load_model(args)
+    stride = check_option("--stride", check_stride, args.stride, model.config.n_positions)
     ids = encode_prompt(model, text)
-    document = as_json(args, model, ids, score(model, ids, args.stride))
+    document = as_json(args, model, ids, stride, score(model, ids, stride))
     if args.json:
         print_json(document)
     else:
-        print(report(document))
+        print_whole(report(document))
     return 0
 
 
-def as_json(args: argparse.Namespace, model: Model, ids: list[int], logprobs: np.ndarray) -> dict:
+def as_json(args: argparse.Namespace, model: Model, ids: list[int], stride: int, logprobs: np.ndarray) -> dict:
     """The scores and their summary; logprobs[i] belongs to tokens[i + 1]."""
     total = float(logprobs.sum())
     mean = total / logprobs.size
     with np.errstate(over="ignore"):  # inf for a mean below -709 nats (weights scaled far beyond a real model's)
         perplexity = float(np.exp(-mean))
     perplexity = perplexity if np.isfinite(perplexity) else None  # JSON has no inf: null
-    return {"model": args.model, "kernels": args.kernels, "stride": check_stride(args.stride, model.config.n_positions),
+    return {"model": args.model, "kernels": args.kernels, "stride": stride,
             "n_positions": model.config.n_positions, "tokens": ids,
             "token_texts": [token_text(model.tokenizer, t) for t in ids],
             "logprobs": logprobs.tolist(), "total_logprob": total, "mean_logprob": mean, "perplexity": perplexity}
@@ -73,12 +80,12 @@ def report(d: dict) -> str:
     return "\n".join(lines)
 
 
-def read_text(path: Path) -> str:
-    """The file's text, or one line saying why it cannot be read."""
-    try:
-        return path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise InputError(f"cannot read --file {str(path)!r}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"--file {str(path)!r} is not UTF-8 text: byte {e.start} is {e.object[e.start]:#04x}; "
-                         "score a UTF-8 text file") from None
+def read_text(path: str) -> str:
+    """The file's text, at most MAX_FILE_BYTES of it, or one line saying why it cannot be read."""
+    name, data = f"--file {path!r}", bytearray()
+    for chunk in input_chunks(path, "--file"):
+        data += chunk
+        if len(data) > MAX_FILE_BYTES:
+            raise UsageError(f"{name} holds more than {MAX_FILE_BYTES >> 20} MiB, more than one scoring run takes "
+                             "(about a million tokens); score it in parts")
+    return utf8_text(bytes(data), name)
