@@ -871,7 +871,7 @@ HUGE = 10 ** 5000  # more digits than Python prints (4,300): repr and str raise 
 
 
 @pytest.mark.parametrize("call, option", [
-    (lambda model: minigpt.generate(model, [464], HUGE), "new tokens exceeds the context"),
+    (lambda model: minigpt.generate(model, [464], HUGE), "beyond the context"),
     (lambda model: minigpt.generate(model, [464], 1, top_logprobs=HUGE), "top_logprobs must be an integer"),
     (lambda model: minigpt.generate(model, [464], 1, temperature=1, seed=-HUGE), "seed must be an integer"),
     (lambda model: minigpt.generate(model, [464], 1, temperature=HUGE), "temperature must be a finite number"),
