@@ -4,7 +4,8 @@ Each ```python block runs in a subprocess (after PRELUDE, which defines the name
 for a loaded model); each command of a ```sh, ```bash or ```console block that starts with
 `python` runs as a subprocess with a timeout. They run in a temporary directory holding `docs/img`
 (for `--plot` paths), where a ```json block that the text introduces with "With `NAME`:" is first
-written to NAME, as the README's `batch` example needs. A model from the Hugging Face Hub (`gpt2`,
+written to NAME, as the README's `batch` example needs; a command in the prose, in backticks,
+that reads such a file runs too. A model from the Hugging Face Hub (`gpt2`,
 `gpt2-medium`, ..., `distilgpt2`, `openai-community/...`) is swapped for `random-tiny`, and so is
 `random-124m` in Python examples and as `staircase`'s default model (the examples show behaviour,
 not speed), so nothing touches the
@@ -64,6 +65,10 @@ def examples() -> list[tuple[str, int, str, str, list[tuple[str, str]]]]:
                     files.append((named.group(1), code))
             elif lang in RUN_LANGS:
                 found.append((path.relative_to(ROOT).as_posix(), line, lang, code, list(files)))
+        for name, _ in files:  # a command in the prose that reads such a file: `python -m minigpt batch NAME ...`
+            for m in re.finditer(rf"`(python -m minigpt [^`]*\b{re.escape(name)}\b[^`]*)`", text):
+                found.append((path.relative_to(ROOT).as_posix(), text.count("\n", 0, m.start()) + 1, "sh",
+                              m.group(1), list(files)))
     return found
 
 
@@ -140,6 +145,8 @@ def test_the_extraction_finds_the_examples():
     """The runner sees the README's Python example and its batch input, and swaps hub names."""
     readme = [e for e in EXAMPLES if e[0] == "README.md"]
     assert any(lang == "python" and "minigpt.load(" in code for _, _, lang, code, _ in readme)
+    assert any(code.startswith("python -m minigpt batch prompts.jsonl") and files[0][0] == "prompts.jsonl"
+               for _, _, _, code, files in readme)
     assert offline('minigpt.load("gpt2") --model openai-community/gpt2-xl gpt2-bpe') == \
         'minigpt.load("random-tiny") --model random-tiny gpt2-bpe'
     assert commands("a \\\n  b && c  # note\n# comment\n") == ["a  b", "c  # note"]
