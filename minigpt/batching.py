@@ -13,7 +13,7 @@ to the pool and it waits at the head of the queue; when readmitted its keys and 
 recomputed from its tokens so far. With the exact kernels every row's arithmetic is independent of
 what else is in the forward, so a sequence's logits, and hence its tokens, are bitwise those it
 gets alone, whatever the batch, the order of arrival, the pool size or the preemptions
-(docs/paging.md).
+(docs/batching.md; the pages themselves: docs/paging.md).
 
 Source: Inference Engineering (fanout.sh, inference-eng): the second fix of "The Autoregressive Loop & Cost".
 """
