@@ -107,3 +107,14 @@ def test_the_check_can_fail():
     assert unmatched("x.md", block + "\nat 1.1 to 1.3 times the floor", blocks(block)) == ["1.1 to 1.3 times"]
     assert unmatched("x.md", block + "\n```\nnaive 17.1 ms\n```\n", blocks(block)) == []  # a run's output
     assert unmatched("x.md", "it took 12 ms", []) == ["12 ms"]
+
+
+def test_the_readmes_how_fast_table_quotes_the_blocks():
+    """The README's table of figures has no units in its cells: every number in it is checked."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## How fast", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|") and not set(line) <= set("|-: ")]
+    block_numbers = [n for b in scope("README.md") for n in numbers(b)]
+    cells = [n for row in rows for n in numbers(row)]
+    assert len(cells) > 15, "the README's How fast table is missing"
+    assert [n for n in cells if not matches(n, block_numbers)] == []
