@@ -118,3 +118,29 @@ def test_the_readmes_how_fast_table_quotes_the_blocks():
     cells = [n for row in rows for n in numbers(row)]
     assert len(cells) > 15, "the README's How fast table is missing"
     assert [n for n in cells if not matches(n, block_numbers)] == []
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in [ROOT / "README.md", *DOCS.glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if not target.startswith(("http://", "https://")) and not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
+
+
+# The book's order (docs/README.md): each chapter -> the one its last paragraph names as next
+NEXT = {"model.md": "fixes.md", "fixes.md": "the-loop.md", "the-loop.md": "sampling.md",
+        "staircase.md": "measurement.md", "measurement.md": "exactness.md", "exactness.md": "paging.md",
+        "paging.md": "batching.md", "batching.md": "speculative.md", "speculative.md": "errors.md"}
+
+
+def test_every_chapter_ends_with_a_next_link_in_the_books_order():
+    for name, following in NEXT.items():
+        last = (DOCS / name).read_text().strip().split("\n\n")[-1]
+        found = re.search(r"Next: .*\]\((\w[\w-]*\.md)\)", last)
+        assert found and found.group(1) == following, f"{name} should end with Next: a link to {following}"
+    index = (DOCS / "README.md").read_text().split("## The chapters", 1)[1]
+    order = list(dict.fromkeys(re.findall(r"\]\((\w[\w-]*\.md)\)", index)))
+    mine = [n for n in order if n in NEXT or n in NEXT.values()]
+    assert [n for n in mine if n in NEXT] == list(NEXT), "docs/README.md lists the chapters in another order"
