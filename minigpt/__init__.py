@@ -19,7 +19,7 @@ import importlib
 _EXPORTS = {  # name -> the module that defines it
     "GPT2Config": "config", "KVCache": "kv_cache", "GenerationResult": "sequence", "StreamedToken": "sequence",
     "Model": "model", "encode": "tokenizer", "gpt2_tokenizer": "tokenizer", "load": "loading",
-    "generate": "api", "stream": "api", "generate_batch": "api", "score": "api", "prove": "api",
+    "generate": "api", "stream": "api", "generate_batch": "api", "Engine": "api", "score": "api", "prove": "api",
     "MinigptError": "errors",
 }
 __all__ = [*_EXPORTS, "errors"]

@@ -1,6 +1,6 @@
-"""The public functions scripts call: generate, stream, generate_batch, score. Each checks what it
+"""The public functions scripts call: generate, stream, generate_batch, Engine, score, prove. Each checks what it
 is given (minigpt.checks), then runs the loops that assume checked input (minigpt.loops,
-minigpt.speculative, minigpt.batching) and minigpt.scoring, an overflow named by its layer.
+minigpt.speculative, minigpt.engine) and minigpt.scoring, an overflow named by its layer.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from typing import Callable, Iterator
 import numpy as np
 
 from . import causal_proof, scoring
-from .batching import run
 from .checks import (check_ids, check_sampling, check_speculation, check_stop, check_stride, prepare_prompt,
                      with_truncate_hint)
 from .errors import InputError, MinigptError, NumericalError, check_bool, check_int
 from .loops import cached_steps, naive_steps
 from .gpt2 import GPT2
-from .kernels import PAGE
 from .model import Model, check_model, overflow
-from .paging import PagePool, pages_for
+from .engine import Scheduler
+from .paging import PAGE, PagePool, pages_for
 from .sequence import GenerationResult, Request, Sequence, StreamedToken
 from .speculative import speculative_steps
 
@@ -160,61 +159,90 @@ def make_requests(model: Model, prompts, options: dict) -> list[Request]:
     return requests
 
 
-def new_pool(model: Model, requests: list[Request], max_batch_size: int, kv_cache_tokens: int | None) -> PagePool:
-    """The page pool for a batch: kv_cache_tokens positions (default: max_batch_size whole contexts),
-    refusing up front a request that could never fit in it. It never holds more than a whole context
-    per request, all a batch can use: a huge max_batch_size or kv_cache_tokens allocates no more."""
-    n_positions = model.config.n_positions
-    if kv_cache_tokens is None:
-        kv_cache_tokens = check_int(max_batch_size, "max_batch_size", 1) * n_positions
-    n_pages = pages_for(min(check_int(kv_cache_tokens, "kv_cache_tokens", 1), max(1, len(requests)) * n_positions))
-    for i, r in enumerate(requests):
-        if pages_for(r.max_positions) > n_pages:
-            raise InputError(f"prompt {i}: {len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
-                             f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); the "
-                             f"pool holds {n_pages * PAGE} (kv_cache_tokens)")
-    return PagePool(model.config, n_pages)
+class Engine(Scheduler):
+    """A page pool and continuous-batching scheduler that last across calls, with a prefix cache:
+    full pages of keys and values are kept and reused by later requests that begin with the same
+    tokens (minigpt.engine). The pool holds kv_cache_tokens positions (default, and at most: a whole
+    context per place in the batch); its memory is committed as pages are written."""
 
-
-def run_batch(model: Model, requests: list[Request], pool: PagePool, max_batch_size: int,
-              on_step: Callable[[int], None] | None = None) -> Iterator[tuple[int, GenerationResult]]:
-    """batching.run over checked requests, with an overflow named by its layer: (index, result) as
-    each finishes."""
-    results = run(model, requests, pool, check_int(max_batch_size, "max_batch_size", 1), on_step)
-    while True:
+    def __init__(self, model: Model, *, max_batch_size: int = 16, kv_cache_tokens: int | None = None,
+                 prefix_cache: bool = True):
+        check_model(model)
+        max_batch_size = check_int(max_batch_size, "max_batch_size", 1)
+        most = max_batch_size * model.config.n_positions  # all the batch can hold at once
+        tokens = most if kv_cache_tokens is None else min(check_int(kv_cache_tokens, "kv_cache_tokens", 1), most)
         try:
-            with np.errstate(over="ignore", invalid="ignore"):
-                item = next(results)
-        except StopIteration:
-            return
-        except NumericalError as e:
-            raise overflow(model, e, requests[0].prompt) from None
-        yield item
+            pool = PagePool(model.config, pages_for(tokens))
+        except (MemoryError, OSError, OverflowError, ValueError) as e:
+            raise InputError(f"cannot reserve memory for keys and values of {tokens} positions ({e}): lower "
+                             "kv_cache_tokens or max_batch_size") from None
+        super().__init__(model, pool, max_batch_size, check_bool(prefix_cache, "prefix_cache"))
+
+    def generate(self, prompts, max_new_tokens=40, *, temperature=0.0, top_k=None, top_p=None, seed=None,
+                 stop_at_eos: bool = True, stop=None, top_logprobs: int | None = None,
+                 prompt_logprobs=False) -> list[GenerationResult]:
+        """generate_batch's options (each one value or one per prompt) and prompt_logprobs: results in
+        prompt order, each as if generated alone. With prompt_logprobs, result.prompt_logprobs is
+        [None, log P(ids[1] | ids[:1]), ...] (bitwise minigpt.score's with the exact kernels) and,
+        with top_logprobs=N, result.prompt_top_logprobs the N most likely at each position.
+        max_new_tokens=0 scores only."""
+        options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                       stop=stop, stop_at_eos=stop_at_eos, top_logprobs=0 if top_logprobs is None else top_logprobs)
+        requests = make_requests(self.gpt, prompts, options)
+        scoring = prompt_logprobs if isinstance(prompt_logprobs, (list, tuple)) else [prompt_logprobs] * len(requests)
+        if len(scoring) != len(requests):
+            raise InputError(f"prompt_logprobs has {len(scoring)} values for {len(requests)} prompts")
+        results: list[GenerationResult | None] = [None] * len(requests)
+        for i, result in self.results(requests, [check_bool(p, "prompt_logprobs") for p in scoring]):
+            results[i] = result
+        return results
+
+    def results(self, requests: list[Request], prompt_logprobs: list[bool],
+                on_step: Callable[[int], None] | None = None) -> Iterator[tuple[int, GenerationResult]]:
+        """Run checked requests to the end: (index, result) as each finishes; on_step(new tokens)
+        after every step. A request that could never fit in the pool is refused before any work."""
+        self.check_fits(requests)
+        jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
+        finished = self.run(on_step)
+        while True:
+            try:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    job = next(finished)
+            except StopIteration:
+                return
+            except NumericalError as e:
+                raise overflow(self.gpt, e, next((j for j in jobs if not j.seq.done), jobs[0]).seq.ids) from None
+            yield job.index, job.result()
+
+    def check_fits(self, requests: list[Request]) -> None:
+        """InputError naming the first request that could never fit in the pool ("prompt i: ...")."""
+        for i, r in enumerate(requests):
+            if pages_for(r.max_positions) > self.pool.n_pages:
+                raise InputError(f"prompt {i}: {len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
+                                 f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); "
+                                 f"the pool holds {self.pool.n_pages * PAGE} (kv_cache_tokens)")
 
 
 def generate_batch(model: Model, prompts, max_new_tokens=40, *, temperature=0.0, top_k=None, top_p=None,
                    seed=None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
-                   max_batch_size: int | None = None, kv_cache_tokens: int | None = None) -> list[GenerationResult]:
+                   max_batch_size: int = 16, kv_cache_tokens: int | None = None,
+                   prefix_cache: bool = True) -> list[GenerationResult]:
     """Generate for every prompt (a list of token-id lists), decoding up to `max_batch_size` of them
-    together (default: all). Returns the results in prompt order.
+    together, on a one-shot Engine (prompts of one call share their prefixes). Returns the results
+    in prompt order.
 
     Each of max_new_tokens, temperature, top_k, top_p, seed and stop is one value for all prompts or a
     list with one per prompt. An int seed gives every prompt its own generator seeded with it, as
     if it were generated alone. A step's wall time counts for every token it produced. The keys and
     values of all sequences share a pool of kv_cache_tokens positions (default: max_batch_size whole
-    contexts; at most one per prompt); sequences are preempted and recomputed when it runs short
-    (minigpt.batching). With the exact kernels, result i equals generate(model, prompts[i], ...) with
-    prompt i's options.
+    contexts); sequences are preempted and recomputed when it runs short (minigpt.engine). With the
+    exact kernels, result i equals generate(model, prompts[i], ...) with prompt i's options.
     """
-    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   stop=stop, stop_at_eos=stop_at_eos, top_logprobs=top_logprobs)
-    requests = make_requests(model, prompts, options)
-    max_batch_size = max(1, len(requests)) if max_batch_size is None else check_int(max_batch_size, "max_batch_size", 1)
-    pool = new_pool(model, requests, max_batch_size, kv_cache_tokens)
-    results: list[GenerationResult | None] = [None] * len(requests)
-    for i, result in run_batch(model, requests, pool, max_batch_size):
-        results[i] = result
-    return results
+    n_prompts = len(prompts) if hasattr(prompts, "__len__") else 1
+    at_once = min(check_int(max_batch_size, "max_batch_size", 1), max(1, n_prompts))  # all the batch can hold
+    engine = Engine(model, max_batch_size=at_once, kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache)
+    return engine.generate(prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                           stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs)
 
 
 # ------------------------------------------------------------------------------- scoring

@@ -10,7 +10,7 @@ the whole argument, with its measurements):
    call between its threads gives each thread a multiple of four: every output then takes the
    same code path, whatever the thread count.
 3. How the weights are cut into blocks, and which thread computes a block, changes no bit; so
-   the blocks can be sized for speed.
+   the blocks can be sized for the machine's caches, or by measuring it (minigpt.tuning).
 4. `exact_attend` lets query position t see keys 0 .. L(t)-1, L(t) rounded up to a whole page of
    PAGE keys (keys after t get weight +0.0), scores each key by one dot product, sums each page's
    16 terms in a fixed order and the pages by a fixed tree of pairs. It takes keys contiguous or as
@@ -21,22 +21,21 @@ the whole argument, with its measurements):
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from .layers import FAST, Kernels
+from .tuning import Tuning, current
 
 PAGE = 16  # keys per attention page: the unit of every sum over keys
 ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (point 2 above)
-BLOCK_ELEMENTS = 100_000  # weights per block when many rows share it: ~400 KB, inside a 1 MB L2
-L3_BLOCK_ELEMENTS = 4_000_000  # weights per block when few rows share it: 16 MB, inside a 32 MB L3
-MANY_ROWS = 8  # from this many rows on, blocks are sized for L2 and shared between minigpt's own threads
 GROUP_ROW_PAGES = 64  # query rows x pages attended together: a decode batch of short sequences is one group
 
 # A sequence's keys and values as runs of positions, in order: [(k, v), ...], each [H, n, hd]; every
@@ -53,6 +52,24 @@ class Queries(NamedTuple):
 
 
 # ------------------------------------------------------------- exact linear maps
+
+
+_TUNED: contextvars.ContextVar[Tuning | None] = contextvars.ContextVar("minigpt_tuning", default=None)
+
+
+def tuning() -> Tuning:
+    """The cut of the weights in force: `tuned`'s, else minigpt.tuning's choice for this machine."""
+    return _TUNED.get() or current()
+
+
+@contextlib.contextmanager
+def tuned(choice: Tuning) -> Iterator[None]:
+    """Run with another cut of the weights (the tuner's candidates; the property that bits do not move)."""
+    token = _TUNED.set(choice)
+    try:
+        yield
+    finally:
+        _TUNED.reset(token)
 
 
 @cache
@@ -91,7 +108,7 @@ def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
     if m == 0:
         return
     T, a = x.shape[0], alignment()
-    cols = min(m, a * max(1, BLOCK_ELEMENTS // (a * n_in)))
+    cols = min(m, a * max(1, tuning().block_elements // (a * n_in)))
     full = m // cols * cols
     for first, blocks in ((0, weight[:full].reshape(full // cols, cols, n_in)), (full, weight[full:][None])):
         nb, c, _ = blocks.shape
@@ -123,7 +140,7 @@ def _per_row(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
     the block from cache."""
     n, n_in = weight.shape
     a = alignment()
-    cols = max(a, L3_BLOCK_ELEMENTS // (a * n_in) * a)
+    cols = max(a, tuning().l3_block_elements // (a * n_in) * a)
     y = np.empty((x.shape[0], n), np.float32)
     for lo in range(0, n, cols):
         y[:, lo:lo + cols] = np.matmul(weight[lo:lo + cols][None], x[:, :, None])[..., 0]  # T x ([c, n_in] @ [n_in])
@@ -138,7 +155,7 @@ def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> 
     head = n_out - n_out % a  # outputs in calls of a multiple of `a`
     y = np.empty((T, n_out), np.float32)
     if head:
-        y[:, :head] = (_blocked if T >= MANY_ROWS else _per_row)(weight[:head], x)  # [T, head]
+        y[:, :head] = (_blocked if T >= tuning().many_rows else _per_row)(weight[:head], x)  # [T, head]
     if head < n_out:  # the last n_out % a outputs, from a zero-padded a-row copy of their weights
         tail = np.zeros((a, n_in), np.float32)
         tail[:n_out - head] = weight[head:]

@@ -81,7 +81,7 @@ class Model(GPT2):
                 if len(ids_list) == 1 and isinstance(checked[0], KVCache):
                     logits = [forward_cached(self, ids_list[0], checked[0], logits_to_keep)]
                 else:
-                    logits = forward_batch(self, ids_list, checked, logits_to_keep)
+                    logits = forward_batch(self, ids_list, checked, [logits_to_keep] * len(ids_list))
             for row in logits:
                 check_finite(row)
         except BaseException as e:  # an overflow, or Ctrl-C mid-forward: every cache's length as it was

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -45,14 +46,43 @@ def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     return np.frombuffer(memory, np.float32, count).reshape(shape)
 
 
+@dataclass(frozen=True, eq=False)
+class PageScores:
+    """What a prefill computed of one full page of a prompt, kept with the page so that a request
+    that wants prompt log-probabilities can reuse it: the log-probability of each of its tokens
+    after the first (each given everything before it), their top_n most likely tokens, and the
+    logits of its last position, which score whatever token comes after the page."""
+
+    logprobs: tuple[float, ...]  # tokens 1 .. PAGE-1 of the page
+    top: tuple | None  # their top_n (id, logprob) lists; None: top_n is 0
+    top_n: int
+    last_row: np.ndarray  # float32 logits [vocab] of the page's last position
+
+
+@dataclass(frozen=True, eq=False)
+class PageKey:
+    """How a full page is found again: the chained hash of its prefix, its own token ids (checked on
+    every hit) and, from a prefill that computed them, its scores."""
+
+    hash: bytes
+    tokens: tuple[int, ...]
+    scores: PageScores | None
+
+
 class PagePool:
-    """n_pages pages of keys and values for every layer, and which of them are free."""
+    """n_pages pages of keys and values for every layer. A page is held by the sequences whose
+    caches list it (`refs`), kept for its prefix when none holds it (`cached`, least recently used
+    first: what is evicted when the pool needs room), or free."""
 
     def __init__(self, config: GPT2Config, n_pages: int):
         shape = (config.n_layer, config.n_head, n_pages * PAGE, config.head_dim)
         self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)  # [n_layer, H, n_pages * PAGE, hd]
+        self.refs = np.zeros(n_pages, np.int64)
         self.free = np.ones(n_pages, bool)
-        self.peak_in_use = 0
+        self.cached: OrderedDict[int, None] = OrderedDict()
+        self.keys: dict[int, PageKey] = {}  # page -> its key, for every page in the prefix cache
+        self.by_hash: dict[bytes, int] = {}
+        self.peak_in_use = self.evictions = 0
 
     @property
     def n_pages(self) -> int:
@@ -60,7 +90,12 @@ class PagePool:
 
     @property
     def in_use(self) -> int:
-        return self.n_pages - int(self.free.sum())
+        return self.n_pages - int(self.free.sum()) - len(self.cached)
+
+    @property
+    def available(self) -> int:
+        """Pages a cache can take: the free ones and the cached ones nobody holds (evicted first)."""
+        return int(self.free.sum()) + len(self.cached)
 
     @property
     def page_bytes(self) -> int:
@@ -73,31 +108,75 @@ class PagePool:
 
     def grow(self, cache: PagedCache, n_positions: int) -> bool:
         """Give `cache` pages until it holds n_positions positions. All or nothing: False, and no
-        page taken, when the pool has too few free pages."""
+        page taken, when the pool has too few free or evictable pages."""
         needed = pages_for(n_positions) - len(cache.pages)
         if needed <= 0:
             return True
-        if needed > self.free.sum():
+        if needed > self.available:
             return False
         for _ in range(needed):
             cache.pages.append(self._take(cache.pages[-1] + 1 if cache.pages else None))
         self.peak_in_use = max(self.peak_in_use, self.in_use)
         return True
 
+    def share(self, cache: PagedCache, page: int) -> None:
+        """Append a page found in the prefix cache to `cache`: one more sequence holds it."""
+        self.refs[page] += 1
+        self.cached.pop(page, None)
+        cache.pages.append(page)
+        self.peak_in_use = max(self.peak_in_use, self.in_use)
+
     def release(self, cache: PagedCache) -> None:
-        """Give all of a cache's pages back to the pool; the cache is empty afterwards."""
-        self.free[cache.pages] = True
+        """Let go of all of a cache's pages, the last first (so that a prefix outlives its longer
+        continuations in the cache); the cache is empty afterwards. A page nobody holds any more
+        stays cached if it is in the prefix cache, else it is free."""
+        for page in reversed(cache.pages):
+            self.refs[page] -= 1
+            if self.refs[page] == 0:
+                if page in self.keys:
+                    self.cached[page] = None  # the most recently used
+                else:
+                    self.free[page] = True
         cache.pages, cache.length = [], 0
 
+    def lookup(self, hash: bytes, tokens: tuple[int, ...]) -> int | None:
+        """The cached page of this prefix hash, if its token ids are these."""
+        page = self.by_hash.get(hash)
+        return page if page is not None and self.keys[page].tokens == tokens else None
+
+    def register(self, page: int, key: PageKey) -> None:
+        """Put a held, full page into the prefix cache under its key. A page already there for the
+        same prefix stays, unless this one brings scores and it has none: then this one replaces it."""
+        known = self.by_hash.get(key.hash)
+        if known is not None:
+            if key.scores is None or self.keys[known].scores is not None:
+                return
+            self._forget(known)
+        self.keys[page], self.by_hash[key.hash] = key, page
+
+    def _forget(self, page: int) -> None:
+        """Take a page out of the prefix cache; if nobody holds it, it is free."""
+        del self.by_hash[self.keys.pop(page).hash]
+        if self.cached.pop(page, False) is None:
+            self.free[page] = True
+
     def _take(self, wanted: int | None) -> int:
-        """A free page: `wanted` if it is free, else the middle of the largest free gap (its start
-        when the gap begins the pool). It may hold another sequence's old keys: no kernel reads a
-        position past a sequence's length."""
-        if wanted is None or wanted >= self.n_pages or not self.free[wanted]:
-            start, length = largest_gap(self.free)
-            wanted = start if start == 0 else start + length // 2
-        self.free[wanted] = False
-        return wanted
+        """A page for one more sequence: a free one, `wanted` if it is free, else the middle of the
+        largest free gap (its start when the gap begins the pool), so that sequences stay in few
+        runs; with none free, the least recently used cached page, evicted. It may hold another
+        sequence's old keys: no kernel reads a position past a sequence's length."""
+        if not self.free.any():
+            page, _ = self.cached.popitem(last=False)
+            del self.by_hash[self.keys.pop(page).hash]
+            self.evictions += 1
+        else:
+            if wanted is None or wanted >= self.n_pages or not self.free[wanted]:
+                start, length = largest_gap(self.free)
+                wanted = start if start == 0 else start + length // 2
+            page = wanted
+            self.free[page] = False
+        self.refs[page] = 1
+        return page
 
 
 def largest_gap(free: np.ndarray) -> tuple[int, int]:
@@ -167,10 +246,11 @@ def batch_attend(layer: int, caches: list, rows: list[slice], kernels: Kernels) 
     return attend
 
 
-def forward_batch(gpt: GPT2, ids_list: list, caches: list, logits_to_keep: int = 0) -> list[np.ndarray]:
+def forward_batch(gpt: GPT2, ids_list: list, caches: list, keep: list[int]) -> list[np.ndarray]:
     """One forward over several sequences, each continuing its own cache (a pool's PagedCache or a
     KVCache) with its own ids: every weight is read once for all of them (docs/batching.md).
-    Returns each sequence's logits, as forward_cached would: [T_i or logits_to_keep, vocab]."""
+    Returns each sequence's logits, as forward_cached would with logits_to_keep=keep[i] (0: all
+    rows): [T_i or keep[i], vocab]."""
     sizes = [len(ids) for ids in ids_list]
     edges = np.cumsum([0, *sizes])
     rows = [slice(a, b) for a, b in zip(edges, edges[1:])]
@@ -179,6 +259,6 @@ def forward_batch(gpt: GPT2, ids_list: list, caches: list, logits_to_keep: int =
         x = block(x, p, gpt.config, batch_attend(layer, caches, rows, gpt.kernels), gpt.kernels.linear)  # [N, C]
     for cache, n in zip(caches, sizes):
         cache.length += n
-    kept = [min(n, logits_to_keep) if logits_to_keep else n for n in sizes]
+    kept = [min(n, k) if k else n for n, k in zip(sizes, keep)]
     x = x[np.concatenate([np.arange(r.stop - n, r.stop) for r, n in zip(rows, kept)])]  # [kept rows, C]
     return np.split(lm_head(gpt, x), np.cumsum(kept)[:-1])

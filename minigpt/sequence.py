@@ -60,6 +60,9 @@ class GenerationResult:
     preemptions: int = 0  # times a batch scheduler took its cache away (minigpt.batching)
     drafted: int = 0  # tokens proposed by a speculative drafter (minigpt.speculative)
     accepted: int = 0  # of those, how many the model accepted
+    cached_tokens: int = 0  # prompt positions whose keys and values came from an engine's prefix cache
+    prompt_logprobs: list[float | None] | None = None  # [None, log P(prompt[1] | prompt[:1]), ...]; None: not asked
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None  # per prompt position, with top_logprobs
 
 
 @dataclass(frozen=True)

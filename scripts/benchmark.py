@@ -10,6 +10,8 @@ Sections (default: all, in this order), one module each in scripts/bench/:
   one-row decode against the commit before the kernel rewrite (docs/batching.md);
 - paging: 64 mixed requests one by one, and through continuous batching with an ample and a
   tight page pool (docs/paging.md);
+- prefix: the Engine's prefix cache on and off, on a shared prompt prefix and on multiple-choice
+  scoring (docs/prefix-cache.md);
 - speculative: plain decode against speculative decoding with four drafters (docs/speculative.md).
 
 Everything a section compares is measured in the same run, side by side, and reported as ratios
@@ -29,12 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
-from bench import batching, decode, paging, speculative  # noqa: E402
+from bench import batching, decode, paging, prefix, speculative  # noqa: E402
 from bench.common import log, timed, write_block  # noqa: E402
 from minigpt.errors import MinigptError  # noqa: E402
 from minigpt.staircase import require_matplotlib  # noqa: E402
 
-SECTIONS = {"decode": decode, "batching": batching, "paging": paging, "speculative": speculative}
+SECTIONS = {"decode": decode, "batching": batching, "paging": paging, "prefix": prefix, "speculative": speculative}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,3 +54,17 @@ def tiny_model():
     import minigpt
 
     return minigpt.load("random-tiny")
+
+
+@pytest.fixture
+def loop_feeds(monkeypatch) -> list[int]:
+    """The number of ids each forward of minigpt.loops' two loops is given, appended as they run."""
+    import minigpt.loops
+
+    fed = []
+    for name in ("forward", "forward_cached"):
+        def counted(gpt, ids, *args, real=getattr(minigpt.loops, name), **kwargs):
+            fed.append(len(ids))
+            return real(gpt, ids, *args, **kwargs)
+        monkeypatch.setattr(minigpt.loops, name, counted)
+    return fed

@@ -8,7 +8,8 @@ import re
 import pytest
 
 import minigpt
-from minigpt.api import generate_batch, make_requests, new_pool, run_batch as run
+import minigpt.api
+from minigpt.api import Engine, generate_batch, make_requests
 from minigpt.errors import ContextLengthError, InputError
 from minigpt.kernels import PAGE
 
@@ -22,7 +23,11 @@ def requests_and_pool(model, prompts, n, kv_cache_tokens, max_batch_size=3):
     options = dict(max_new_tokens=n, temperature=0.0, top_k=None, top_p=None, seed=None, stop=None,
                    stop_at_eos=False, top_logprobs=0)
     requests = make_requests(model, prompts, options)
-    return requests, new_pool(model, requests, max_batch_size, kv_cache_tokens)
+    return requests, Engine(model, max_batch_size=max_batch_size, kv_cache_tokens=kv_cache_tokens)
+
+
+def run(engine, requests, on_step=None):
+    return engine.results(requests, [False] * len(requests), on_step)
 
 
 def test_a_tight_pool_preempts_and_every_sequence_still_gets_its_tokens_alone(model):
@@ -75,21 +80,31 @@ def test_a_prompt_too_long_is_not_told_of_an_option_generate_batch_lacks(model):
         generate_batch(model, [[1], [1] * 250], max_new_tokens=10)
 
 
-def test_the_pool_defaults_to_max_batch_size_whole_contexts(model):
-    requests, pool = requests_and_pool(model, [[1]] * 4, 4, None, max_batch_size=3)
-    assert pool.n_pages * PAGE == 3 * model.config.n_positions
+def test_the_pool_defaults_to_max_batch_size_whole_contexts_and_never_holds_more(model):
+    assert Engine(model, max_batch_size=3).pool.n_pages * PAGE == 3 * model.config.n_positions
+    assert Engine(model, max_batch_size=3, kv_cache_tokens=10**30).pool.n_pages * PAGE == 3 * model.config.n_positions
 
 
-@pytest.mark.parametrize("max_batch_size, kv_cache_tokens", [(10 ** 30, None), (4, 10 ** 30)])
-def test_the_pool_never_holds_more_than_a_whole_context_per_request(model, max_batch_size, kv_cache_tokens):
-    """A huge max_batch_size or kv_cache_tokens allocates no more than the requests can use."""
-    requests, pool = requests_and_pool(model, [[1]] * 2, 4, kv_cache_tokens, max_batch_size=max_batch_size)
-    assert pool.n_pages * PAGE == 2 * model.config.n_positions
+def test_a_pool_that_cannot_be_reserved_is_an_input_error_naming_what_to_lower(model):
+    with pytest.raises(InputError, match="lower kv_cache_tokens or max_batch_size"):
+        Engine(model, max_batch_size=10**30)
+
+
+def test_generate_batch_holds_no_more_than_a_whole_context_per_prompt(model, monkeypatch):
+    """A huge max_batch_size or kv_cache_tokens allocates no more than the prompts can use at once."""
+    sizes = []
+    real = minigpt.api.PagePool.__init__
+    monkeypatch.setattr(minigpt.api.PagePool, "__init__",
+                        lambda self, config, n: (sizes.append(n), real(self, config, n))[1])
+    generate_batch(model, [[1]] * 2, 4, max_batch_size=10**30)
+    generate_batch(model, [[1]] * 2, 4, kv_cache_tokens=10**30)
+    assert [n * PAGE for n in sizes] == [2 * model.config.n_positions] * 2
 
 
 @pytest.mark.parametrize("stop", ["error", "interrupt", "close"])
 def test_every_page_is_back_in_the_pool_after_an_error_an_interrupt_or_an_early_stop(model, stop):
-    requests, pool = requests_and_pool(model, [list(range(30))] * 3, [5, 40, 40], 256)
+    requests, engine = requests_and_pool(model, [list(range(30))] * 3, [5, 40, 40], 256)
+    pool = engine.pool
     steps = []
 
     def on_step(n):
@@ -97,7 +112,7 @@ def test_every_page_is_back_in_the_pool_after_an_error_an_interrupt_or_an_early_
         if len(steps) == 5 and stop != "close":
             raise RuntimeError("boom") if stop == "error" else KeyboardInterrupt
 
-    loop = run(model, requests, pool, 3, on_step)
+    loop = run(engine, requests, on_step)
     if stop == "close":
         next(loop, None)  # the first finished sequence, mid-batch
         assert pool.in_use > 0
@@ -111,6 +126,6 @@ def test_every_page_is_back_in_the_pool_after_an_error_an_interrupt_or_an_early_
 def test_finished_sequences_leave_and_waiting_ones_join(model):
     """Continuous batching: with one place, the short request does not wait for the long one to
     start, and all finish with their own lengths."""
-    requests, pool = requests_and_pool(model, [[1], [2], [3]], [30, 2, 2], 256, max_batch_size=2)
-    order = [i for i, _ in run(model, requests, pool, 2)]
+    requests, engine = requests_and_pool(model, [[1], [2], [3]], [30, 2, 2], 256, max_batch_size=2)
+    order = [i for i, _ in run(engine, requests)]
     assert order == [1, 2, 0]

@@ -21,6 +21,7 @@ from test_cli_errors import environment
 
 import minigpt
 import minigpt.api
+import minigpt.engine
 from minigpt.checkpoint import save_checkpoint
 from minigpt.cli import main
 from minigpt.config import GPT2Config
@@ -29,7 +30,8 @@ from minigpt.sequence import generated_text
 
 SMALL = GPT2Config(vocab_size=300, n_positions=64, n_embd=16, n_layer=2, n_head=2, eos_token_id=None)
 SUMMARY = re.compile(r"(\d+) requests, ([\d,]+) tokens, ([\d.]+) s, ([\d,.]+) tokens/s, peak ([\d,]+) of ([\d,]+) "
-                     r"pages in use \(([\d,.]+ (?:B|KiB|MiB|GiB)) of keys and values\), (\d+) preemptions\n")
+                     r"pages in use \(([\d,.]+ (?:B|KiB|MiB|GiB)) of keys and values\), (\d+) preemptions, "
+                     r"([\d,]+) prompt tokens from the prefix cache\n")
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +91,8 @@ def test_lines_come_out_in_input_order_although_later_ones_finish_first(capsys, 
     requests = minigpt.api.make_requests(small_model, [line["prompt_ids"] for line in lines], dict(
         max_new_tokens=[line["max_new_tokens"] for line in lines], temperature=0.0, top_k=None, top_p=None,
         seed=None, stop=None, stop_at_eos=True, top_logprobs=0))
-    pool = minigpt.api.new_pool(small_model, requests, 16, None)
-    assert [i for i, _ in minigpt.batching.run(small_model, requests, pool, 16)] == [1, 2, 0]  # the premise
+    engine = minigpt.api.Engine(small_model, max_batch_size=16)
+    assert [i for i, _ in engine.results(requests, [False] * 3)] == [1, 2, 0]  # the premise
     code, outputs, err = batch(capsys, tmp_path, lines, small)
     assert code == 0, err
     assert [o["id"] for o in outputs] == [1, 2, 3]
@@ -140,14 +142,14 @@ def test_a_tight_pool_preempts_and_every_line_still_gets_its_tokens_alone(capsys
 
 
 def test_each_line_is_written_as_soon_as_it_and_every_line_before_it_are_done(capsys, tmp_path, small, monkeypatch):
-    target, real_run, seen = tmp_path / "out.jsonl", minigpt.api.run, []
+    target, real_run, seen = tmp_path / "out.jsonl", minigpt.api.Engine.results, []
 
     def spy(*args, **kwargs):
         for i, result in real_run(*args, **kwargs):
             yield i, result
             seen.append((i, len(target.read_text().splitlines())))  # resumed: the CLI has handled result i
 
-    monkeypatch.setattr(minigpt.api, "run", spy)
+    monkeypatch.setattr(minigpt.api.Engine, "results", spy)
     lengths = [9, 3, 1, 6]
     code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1], "max_new_tokens": n} for n in lengths], small)
     assert code == 0, err
@@ -160,7 +162,7 @@ def test_the_summary_gives_requests_tokens_time_rate_peak_pages_and_preemptions(
     assert code == 0, err
     summary = SUMMARY.search(err)
     assert summary, err
-    requests, tokens, seconds, rate, peak, pages, kv, preemptions = summary.groups()
+    requests, tokens, seconds, rate, peak, pages, kv, preemptions, cached = summary.groups()
     assert (int(requests), int(tokens), int(pages), int(preemptions)) == (2, 15, 8, 0)  # 320 asked, 2 contexts used
     assert int(peak) == 2  # 11 and 5 positions: one page each
     assert kv == f"{2 * 2 * 2 * 16 * 16 * 4 / 1024:g} KiB"  # 2 pages x (K, V) x 2 layers x 16 positions x 16 x 4 bytes
@@ -225,7 +227,7 @@ def test_a_bad_line_fails_the_run_before_any_work_naming_the_line(capsys, tmp_pa
     def no_work(*args, **kwargs):
         raise AssertionError("the scheduler ran")
 
-    monkeypatch.setattr(minigpt.batching, "run", no_work)
+    monkeypatch.setattr(minigpt.engine.Scheduler, "step", no_work)
     lines = [{"prompt_ids": [1]}, "", bad, {"prompt_ids": [2]}]
     code, outputs, err = batch(capsys, tmp_path, lines, small, *argv)
     assert (code, outputs) == (2, None)  # OUTPUT not even created

@@ -14,7 +14,6 @@ from minigpt.cli.cost import times
 from minigpt.config import GPT2_SIZES
 from minigpt.cost import ARCHITECTURES, estimate, gpt2_architecture
 from minigpt.errors import InputError
-import minigpt.loops
 from minigpt.loops import cached_steps, naive_steps
 from minigpt.kv_cache import new_cache
 from minigpt.weights import random_params
@@ -43,15 +42,10 @@ def test_lesson_longer_requests_ratios(prompt, reply, naive, cached, ratio):
 
 
 @pytest.mark.parametrize("prompt, reply", [(1, 1), (1, 5), (4, 1), (3, 7), (17, 4)])
-def test_token_counts_are_the_positions_the_loops_feed(tiny_model, prompt, reply, monkeypatch):
+def test_token_counts_are_the_positions_the_loops_feed(tiny_model, prompt, reply, loop_feeds):
     """Summed over the forwards of minigpt's own loops; and the cached count is the capacity a
     request's cache is made for."""
-    fed = []
-    for name in ("forward", "forward_cached"):
-        def counted(gpt, ids, *args, real=getattr(minigpt.loops, name), **kwargs):
-            fed.append(len(ids))
-            return real(gpt, ids, *args, **kwargs)
-        monkeypatch.setattr(minigpt.loops, name, counted)
+    fed = loop_feeds
     request = make_request(tiny_model, list(range(1, prompt + 1)), reply, stop_at_eos=False)
     c = estimate(gpt2_architecture("tiny", tiny_model.config), prompt, reply)
     list(naive_steps(tiny_model, Sequence(request)))

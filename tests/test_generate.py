@@ -9,7 +9,6 @@ import pytest
 
 import minigpt
 from minigpt.config import GPT2Config
-import minigpt.loops
 from minigpt.loops import cached_steps, naive_steps
 from minigpt.api import make_request
 from minigpt.sequence import Sequence
@@ -65,24 +64,13 @@ def test_different_seeds_sample_differently_and_the_same_seed_repeats(model):
     assert runs[0] == runs[1] != runs[2]
 
 
-def test_the_naive_loop_feeds_the_whole_sequence_and_the_cached_loop_one_token(model, monkeypatch):
-    fed = feeds(monkeypatch)
+def test_the_naive_loop_feeds_the_whole_sequence_and_the_cached_loop_one_token(model, loop_feeds):
+    fed = loop_feeds
     list(naive_steps(model, sequence(model, [1, 2, 3], 4)))
     assert fed == [3, 4, 5, 6]  # every position so far, every step
     fed.clear()
     list(cached_steps(model, sequence(model, [1, 2, 3], 4)))
     assert fed == [3, 1, 1, 1]  # the prompt once, then one new position per step
-
-
-def feeds(monkeypatch) -> list[int]:
-    """The number of ids each forward of minigpt.loops' loops is given, as they run."""
-    fed = []
-    for name in ("forward", "forward_cached"):
-        def counted(gpt, ids, *args, real=getattr(minigpt.loops, name), **kwargs):
-            fed.append(len(ids))
-            return real(gpt, ids, *args, **kwargs)
-        monkeypatch.setattr(minigpt.loops, name, counted)
-    return fed
 
 
 def test_empty_prompt_starts_from_end_of_text(model):

@@ -21,11 +21,10 @@ from typing import IO, Callable, Iterator
 
 from tqdm import tqdm
 
-from ..api import make_request, new_pool, run_batch
+from ..api import Engine, make_request
 from ..checks import check_stop
 from ..errors import InputError, MinigptError
 from ..model import Model
-from ..paging import PagePool
 from ..safetensors_format import unique_keys
 from ..sequence import GenerationResult, Request, generated_text
 from .common import (UsageError, add_model_options, add_sampling_options, encode_prompt, json_text, load_model,
@@ -89,6 +88,9 @@ def add_parser(sub) -> None:
                    help="the pool of keys and values holds T positions, in pages of 16 (default: B whole "
                         "contexts; at most one per prompt); when it runs short, sequences are preempted and "
                         "recomputed exactly")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="compute every prompt in full: no keys and values are reused between prompts that begin "
+                        "alike (with the exact kernels the results are the same either way)")
     add_sampling_options(p)
     p.set_defaults(run=run)
 
@@ -97,15 +99,17 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     tokenizer = model.tokenizer  # now, before any work: text prompts, stop strings and the output's text need it
     check_stop(model, args.stop)  # an option's fault, not the first line's
-    ids, requests, pool = checked_requests(model, args)
+    ids, requests, engine = checked_requests(model, args)
+    pool = engine.pool
     clock = time.perf_counter()
     pending: dict[int, GenerationResult] = {}  # finished, waiting for the lines before them
-    written = tokens = preemptions = 0
+    written = tokens = preemptions = cached = 0
     with output(args.output) as out, progress(len(requests)) as (bar, on_step), \
-            closing(run_batch(model, requests, pool, args.max_batch_size, on_step)) as finished:
+            closing(engine.results(requests, [False] * len(requests), on_step)) as finished:
         for i, result in finished:  # in the order they finish
             bar.update(1)
             tokens, preemptions = tokens + len(result.tokens), preemptions + result.preemptions
+            cached += result.cached_tokens
             pending[i] = result
             while written in pending:  # release in input order, each line in one write
                 out.write(json_text(as_json(ids[written], pending.pop(written), tokenizer)) + "\n")
@@ -114,14 +118,15 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - clock
     print(f"{len(requests)} requests, {tokens:,} tokens, {seconds:.3f} s, {tokens / seconds:,.1f} tokens/s, "
           f"peak {pool.peak_in_use:,} of {pool.n_pages:,} pages in use "
-          f"({binary(pool.peak_in_use * pool.page_bytes)} of keys and values), {preemptions} preemptions",
+          f"({binary(pool.peak_in_use * pool.page_bytes)} of keys and values), {preemptions} preemptions, "
+          f"{cached:,} prompt tokens from the prefix cache",
           file=sys.stderr)
     return 0
 
 
-def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list[Request], PagePool]:
-    """Every line of INPUT checked, before any work: the lines' ids, their requests and the page pool
-    they all fit in. The first bad line fails the run (UsageError naming it)."""
+def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list[Request], Engine]:
+    """Every line of INPUT checked, before any work: the lines' ids, their requests and the engine
+    whose pool they all fit in. The first bad line fails the run (UsageError naming it)."""
     name = "stdin" if args.input == "-" else args.input
     lines = read_lines(args.input, name)
     defaults = {key: getattr(args, key) for key in LINE_OPTIONS}
@@ -133,12 +138,15 @@ def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list
             raise UsageError(f"{name} line {number}: {e}") from None
         ids.append(identity)
         requests.append(request)
+    at_once = min(args.max_batch_size, max(1, len(requests)))  # the pool holds what the batch can at once
+    engine = Engine(model, max_batch_size=at_once, kv_cache_tokens=args.kv_cache_tokens,
+                    prefix_cache=not args.no_prefix_cache)
     try:
-        pool = new_pool(model, requests, args.max_batch_size, args.kv_cache_tokens)
+        engine.check_fits(requests)
     except InputError as e:  # "prompt i: ...", i counting the requests
         i, message = re.fullmatch(r"prompt (\d+): (.*)", str(e), re.DOTALL).groups()
         raise UsageError(f"{name} line {lines[int(i)][0]}: {message}") from None
-    return ids, requests, pool
+    return ids, requests, engine
 
 
 def read_lines(path: str, name: str) -> list[tuple[int, str]]:

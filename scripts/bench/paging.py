@@ -5,19 +5,19 @@ are drawn uniformly from 16 .. 512 tokens and reply lengths uniformly from 8 .. 
 default_rng(SEED)), the prompt tokens uniformly from the vocabulary. Three ways:
 
 - one by one: minigpt.generate in a loop (measured once: it takes the longest);
-- batched, ample pool: batching.run with max_batch_size 16 and the default pool (16 whole contexts);
+- batched, ample pool: an Engine with max_batch_size 16 and the default pool (16 whole contexts);
 - batched, tight pool: half the pages the ample run used at its peak (at least the largest
   request's), so that sequences are preempted and recomputed.
 
 tokens/s = generated tokens / wall time of the whole stream (prefills included). The batched runs
-go through batching.make_requests, new_pool and run, so that the pool's peak can be read.
+use an Engine without its prefix cache (the prompts share nothing), so that the pool's peak can be read.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from minigpt.api import generate, make_requests, new_pool, run_batch
+from minigpt.api import Engine, generate, make_requests
 from minigpt.kernels import PAGE
 from minigpt.paging import PagedCache, PagePool, pages_for
 
@@ -39,7 +39,7 @@ def stream(vocab_size: int) -> tuple[list[list[int]], list[int]]:
 
 
 def remember_caches(pool: PagePool) -> list[PagedCache]:
-    """The caches `pool` hands out from now on, in order: batching.run asks for one per request, in
+    """The caches `pool` hands out from now on, in order: the engine asks for one per request, in
     request order, so cache i is request i's and holds pages exactly while it is running."""
     caches, hand_out = [], pool.new_cache
 
@@ -58,7 +58,8 @@ def batched(model, prompts: list[list[int]], replies: list[int], kv_cache_tokens
     options = dict(max_new_tokens=replies, temperature=0.0, top_k=None, top_p=None, seed=None, stop=None,
                    stop_at_eos=False, top_logprobs=0)
     requests = make_requests(model, prompts, options)
-    pool = new_pool(model, requests, MAX_BATCH, kv_cache_tokens)
+    engine = Engine(model, max_batch_size=MAX_BATCH, kv_cache_tokens=kv_cache_tokens, prefix_cache=False)
+    pool = engine.pool
     caches = remember_caches(pool)
     reserved = [0]
 
@@ -68,7 +69,7 @@ def batched(model, prompts: list[list[int]], replies: list[int], kv_cache_tokens
 
     def go() -> list:
         results = [None] * len(requests)
-        for i, result in run_batch(model, requests, pool, MAX_BATCH, on_step):
+        for i, result in engine.results(requests, [False] * len(requests), on_step):
             results[i] = result
         return results
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import batches, per_prompt
 
-from minigpt.api import generate_batch, make_requests, new_pool, run_batch as run
+from minigpt.api import Engine, generate_batch, make_requests
 from minigpt.api import generate
 
 
@@ -33,7 +33,8 @@ def test_pages_every_page_is_back_in_the_pool_and_the_peak_fits(batch):
     model, prompts, lengths, options, max_batch_size, kv_cache_tokens = batch
     options = dict(per_prompt(options), max_new_tokens=lengths, stop=None, stop_at_eos=True, top_logprobs=0)
     requests = make_requests(model, prompts, options)
-    pool = new_pool(model, requests, max_batch_size, kv_cache_tokens)
-    finished = sorted(i for i, _ in run(model, requests, pool, max_batch_size))
+    engine = Engine(model, max_batch_size=max_batch_size, kv_cache_tokens=kv_cache_tokens)
+    pool = engine.pool
+    finished = sorted(i for i, _ in engine.results(requests, [False] * len(requests)))
     assert finished == list(range(len(prompts)))
     assert pool.in_use == 0 and pool.peak_in_use <= pool.n_pages

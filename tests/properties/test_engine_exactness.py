@@ -32,7 +32,7 @@ def test_paged_batched_forward_gives_every_sequence_bitwise_the_plain_forwards_l
     while any(cache.length < len(ids) for cache, ids in zip(caches, sequences)):
         live = [i for i, ids in enumerate(sequences) if caches[i].length < len(ids)]
         chunks = [sequences[i][caches[i].length:caches[i].length + data.draw(st.integers(1, 20))] for i in live]
-        for i, rows in zip(live, forward_batch(model, chunks, [caches[i] for i in live])):
+        for i, rows in zip(live, forward_batch(model, chunks, [caches[i] for i in live], [0] * len(live))):
             logits[i].append(rows)
     for ids, rows in zip(sequences, logits):
         assert_same_bits(forward(model, ids), np.concatenate(rows), f"{len(ids)} ids, pages of {PAGE}")

@@ -1,0 +1,40 @@
+"""The exact kernels' cut of the weights changes no bit: whatever block sizes and row-count switch
+a machine's tuning chooses, every product and every forward is bitwise the same."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+from bits import assert_same_bits
+from strategies import models, token_ids
+
+from minigpt.gpt2 import forward
+from minigpt.kernels import exact_linear, tuned
+from minigpt.tuning import Tuning
+
+tunings = st.builds(Tuning, block_elements=st.integers(1, 2**21), l3_block_elements=st.integers(1, 2**23),
+                    many_rows=st.integers(1, 20))
+
+
+@given(tunings, tunings, st.integers(1, 40), st.integers(1, 300), st.integers(1, 700), st.integers(0, 2**32 - 1))
+def test_tuning_invariance_exact_linear_is_bitwise_the_same_under_any_two_tunings(a, b, rows, n_in, n_out, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, n_in), dtype=np.float32)
+    w = rng.standard_normal((n_out, n_in), dtype=np.float32)
+    with tuned(a):
+        ya = exact_linear(x, w, None)
+    with tuned(b):
+        yb = exact_linear(x, w, None)
+    assert_same_bits(ya, yb, f"{a} vs {b}")
+
+
+@given(st.data(), tunings, tunings)
+def test_tuning_invariance_a_forward_is_bitwise_the_same_under_any_two_tunings(data, a, b):
+    model = data.draw(models())
+    ids = data.draw(token_ids(model.config))
+    with tuned(a):
+        la = forward(model, ids)
+    with tuned(b):
+        lb = forward(model, ids)
+    assert_same_bits(la, lb, f"{a} vs {b}")

@@ -1,0 +1,96 @@
+"""minigpt.Engine: the prefix cache hits where it should, requests that arrive together compute a
+shared prefix once, cached pages are evicted before running sequences are preempted, a cancelled
+request gives its pages back, and scoring-only requests score."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import minigpt
+from minigpt.api import make_request
+from minigpt.errors import InputError
+
+PREFIX = list(range(1000, 1048))  # three full pages
+
+
+@pytest.fixture(scope="module")
+def model():
+    return minigpt.load("random-tiny")  # n_positions 256
+
+
+def test_a_warm_prompt_takes_its_full_pages_before_its_last_token_from_the_cache(model):
+    engine = minigpt.Engine(model)
+    cold = engine.generate([PREFIX + [5, 6]], 4)[0]
+    warm = engine.generate([PREFIX + [5, 6], PREFIX[:40], PREFIX], 4)
+    assert cold.cached_tokens == 0
+    assert [r.cached_tokens for r in warm] == [48, 32, 32]  # the last id is always fed: PREFIX hits 2 pages
+    assert warm[0].tokens == cold.tokens and warm[0].logprobs == cold.logprobs
+
+
+def test_generated_pages_are_cached_so_a_follow_up_hits_them(model):
+    engine = minigpt.Engine(model)
+    first = engine.generate([PREFIX[:10]], 30, stop_at_eos=False)[0]
+    follow_up = engine.generate([PREFIX[:10] + first.tokens + [7]], 2)[0]
+    assert follow_up.cached_tokens == 32  # positions 0 .. 31 were written by the first request
+
+
+def test_requests_arriving_together_compute_a_shared_prefix_once(model):
+    engine = minigpt.Engine(model, max_batch_size=8)
+    results = engine.generate([PREFIX + [i] for i in range(4)], 2)
+    assert [r.cached_tokens for r in results] == [0, 48, 48, 48]
+    assert engine.stats()["cached_token_hits"] == 3 * 48
+
+
+def test_cached_pages_are_evicted_before_a_running_sequence_is_preempted(model):
+    engine = minigpt.Engine(model, max_batch_size=1, kv_cache_tokens=64)  # 4 pages
+    engine.generate([PREFIX], 1)  # leaves its 3 full pages cached
+    assert engine.stats()["pages_cached"] == 3
+    engine.generate([list(range(50))], 14, stop_at_eos=False)  # 63 positions: every page
+    stats = engine.stats()
+    assert stats["evictions"] == 3 and stats["preemptions"] == 0
+
+
+def test_a_cancelled_request_leaves_and_gives_its_pages_back(model):
+    engine = minigpt.Engine(model, prefix_cache=False)
+    job = engine.submit(make_request(model, PREFIX, 100, stop_at_eos=False))
+    engine.step()
+    assert engine.stats()["pages_in_use"] == 3  # the prompt's 48 positions
+    engine.cancel(job)
+    finished, _ = engine.step()
+    assert finished == [job] and engine.stats()["pages_in_use"] == 0 and engine.stats()["pages_free"] == 16 * 16
+
+
+def test_scoring_only_gives_prompt_logprobs_and_no_tokens(model):
+    result = minigpt.Engine(model).generate([PREFIX], 0, prompt_logprobs=True, top_logprobs=2)[0]
+    assert result.tokens == [] and result.finish_reason == "length"
+    assert result.prompt_logprobs[0] is None and result.prompt_logprobs[1:] == minigpt.score(model, PREFIX).tolist()
+    assert len(result.prompt_top_logprobs) == len(PREFIX) and len(result.prompt_top_logprobs[1]) == 2
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(max_batch_size=0), "max_batch_size must be an integer >= 1"),
+    (dict(kv_cache_tokens=0), "kv_cache_tokens must be an integer >= 1"),
+    (dict(prefix_cache="yes"), "prefix_cache must be True or False"),
+])
+def test_engine_options_are_checked(model, options, message):
+    with pytest.raises(InputError, match=message):
+        minigpt.Engine(model, **options)
+
+
+PEAK_RSS = """
+import resource, sys, minigpt
+model = minigpt.load("random-124m")
+minigpt.generate_batch(model, [[464, 3290 + i] for i in range(int(sys.argv[1]))], 4)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def test_sixteen_short_prompts_peak_within_1_2x_the_memory_of_one():
+    """The pool (16 whole contexts of GPT-2 small: 1.2 GB reserved) commits memory only as pages are
+    written, so 16 two-token prompts cost about what one does (peak RSS of a fresh process each)."""
+    peaks = [int(subprocess.run([sys.executable, "-c", PEAK_RSS, str(n)], capture_output=True, text=True,
+                                check=True, timeout=120).stdout) for n in (1, 16)]
+    assert peaks[1] <= 1.2 * peaks[0], peaks
