@@ -29,7 +29,7 @@ UNIT = r"(?:x|times|ms|s|tokens/s|GB/s|%)(?![\w/])(?!\s*\d)"  # "3072 x 768" is 
 FIGURE = re.compile(rf"(?<![\w.,/-])((?:(?:{NUMBER})\s*(?:to|-|–|/|and|or|vs)\s*)*(?:{NUMBER}))\s*({UNIT})")
 # The chapters whose prose is checked: the book's own chapters (not the reference pages of others).
 CHAPTERS = ["README.md", "model.md", "fixes.md", "the-loop.md", "staircase.md", "measurement.md", "exactness.md",
-            "paging.md", "batching.md", "speculative.md", "benchmarks.md"]
+            "paging.md", "batching.md", "prefix-cache.md", "speculative.md", "benchmarks.md"]
 
 NOT_MEASURED = {
     # "The Autoregressive Loop & Cost": the lesson's own measurement of plain GPT-2, labelled as the lesson's
@@ -130,7 +130,8 @@ def test_every_relative_link_resolves():
 # The book's order (docs/README.md): each chapter -> the one its last paragraph names as next
 NEXT = {"model.md": "fixes.md", "fixes.md": "the-loop.md", "the-loop.md": "sampling.md",
         "staircase.md": "measurement.md", "measurement.md": "exactness.md", "exactness.md": "paging.md",
-        "paging.md": "batching.md", "batching.md": "speculative.md", "speculative.md": "errors.md"}
+        "paging.md": "batching.md", "batching.md": "prefix-cache.md", "prefix-cache.md": "speculative.md",
+        "speculative.md": "errors.md"}
 
 
 def test_every_chapter_ends_with_a_next_link_in_the_books_order():
