@@ -13,8 +13,10 @@ the whole argument, with its measurements):
    the blocks can be sized for the machine's caches, or by measuring it (minigpt.tuning).
 4. `exact_attend` lets query position t see keys 0 .. L(t)-1, L(t) rounded up to a whole page of
    PAGE keys (keys after t get weight +0.0), scores each key by one dot product, sums each page's
-   16 terms in a fixed order and the pages by a fixed tree of pairs. A row's bits then depend on
-   its position and its data alone: not on the other rows, nor on how its keys lie in memory.
+   16 terms in a fixed order and the pages by a fixed tree of pairs. It takes keys contiguous or as
+   runs of whole pages and pads a sequence's last, incomplete page itself, so no slot past a
+   cache's length is read. A row's bits then depend on its position and its data alone: not on
+   the other rows, nor on how its keys lie in memory.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The cost staircase, measured: the wall time of every generated token, naive loop vs KV cache.
 
-Both loops are `minigpt.generate.generate` (its `step_seconds`) on the same prompt, greedy and
-never stopping at <|endoftext|>, so both do exactly N steps. Without the cache step n reruns all
+Both loops are minigpt.loops' (`naive_steps`, `cached_steps`, each step timed by its Sequence) on the
+same prompt, greedy and never stopping at <|endoftext|>, so both do exactly N steps. Without the cache step n reruns all
 P + n positions and its time climbs; with it every step after the prefill does the same work.
 `minigpt.cost` gives the predicted ratio next to the measured one; docs/staircase.md explains
 why they differ.
