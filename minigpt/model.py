@@ -18,7 +18,7 @@ import numpy as np
 
 from .checks import check_cache, check_ids, check_parts, check_room
 from .errors import InputError, NumericalError, check_int, shown
-from .gpt2 import GPT2
+from .gpt2 import GPT2, forward
 from .kernels import EXACT
 from .kv_cache import KVCache, forward_cached, new_cache
 from .layers import Kernels
@@ -78,7 +78,9 @@ class Model(GPT2):
         starts = [cache.length for cache in checked]
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is caught below, as one error
-                if len(ids_list) == 1 and isinstance(checked[0], KVCache):
+                if len(ids_list) == 1 and caches[0] is None:  # the whole sequence: part 1's forward
+                    logits = [forward(self, ids_list[0], logits_to_keep)]
+                elif len(ids_list) == 1 and isinstance(checked[0], KVCache):
                     logits = [forward_cached(self, ids_list[0], checked[0], logits_to_keep)]
                 else:
                     logits = forward_batch(self, ids_list, checked, [logits_to_keep] * len(ids_list))

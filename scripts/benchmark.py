@@ -6,8 +6,8 @@ Sections (default: all, in this order), one module each in scripts/bench/:
 
 - decode: one sequence; cached decode, prefill, flatness and the naive loop, minigpt (exact and
   fast kernels) against transformers and the bandwidth floor (docs/benchmarks.md);
-- batching: aggregate tokens/s at B = 1 .. 32, exact, fast and transformers' batched generate;
-  one-row decode against the commit before the kernel rewrite (docs/batching.md);
+- batching: aggregate tokens/s at B = 1 .. 32, exact, fast and transformers' batched generate
+  (docs/batching.md);
 - paging: 64 mixed requests one by one, and through continuous batching with an ample and a
   tight page pool (docs/paging.md);
 - prefix: the Engine's prefix cache on and off, on a shared prompt prefix and on multiple-choice

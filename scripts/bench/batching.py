@@ -6,21 +6,12 @@ end of text: minigpt.generate_batch with the exact and the fast kernels, and tra
 Decode tokens/s = B / the median wall time of a decode step (steps 2 to 32, all B rows together):
 what batching changes, and what the targets use. Whole-call tokens/s = B x 32 / wall time of the
 call, the prefill of B x 16 prompt tokens included. Every exact row is compared with generating its
-prompt alone. The exact kernels' one-row decode is also timed against the
-commit before their rewrite (PREVIOUS), each tree imported in its own child process.
+prompt alone.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import os
 import statistics
-import subprocess
-import sys
-import tarfile
-import tempfile
-from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -28,69 +19,12 @@ import numpy as np
 from minigpt.api import generate, generate_batch
 from minigpt.staircase import plot_lines
 
-from .common import (REPEATS, ROOT, Report, RunInfo, Target, floor_ms, interleaved, log, minigpt_engines,
+from .common import (REPEATS, Report, RunInfo, Target, floor_ms, interleaved, log, minigpt_engines,
                      random_124m, timed, transformers, transformers_row)
 
 TITLE, DOC, BLOCK = "Batching", "batching.md", "batching"
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 PROMPT_TOKENS, NEW_TOKENS = 16, 32
-PREVIOUS = "4a66059"  # the commit before the exact kernels' rewrite: one-row decode's baseline
-PREVIOUS_PROMPT, PREVIOUS_TOKENS = 16, 64  # as the decode section
-WORKER = Path(__file__).with_name("decode_worker.py")
-
-
-class DecodeWorker:
-    """A child process that imports minigpt from `tree` and times one-row cached decode when asked."""
-
-    def __init__(self, tree: Path):
-        self.process = subprocess.Popen(
-            [sys.executable, str(WORKER), str(PREVIOUS_PROMPT), str(PREVIOUS_TOKENS)], text=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(tree)})
-
-    def measure(self) -> dict:
-        self.process.stdin.write("\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the decode worker for {WORKER} exited with {self.process.wait()}")
-        return json.loads(line)
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait()
-
-
-def extract_previous(directory: str) -> Path | None:
-    """PREVIOUS's minigpt package, extracted into `directory` with git archive; None without git or the commit."""
-    try:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", PREVIOUS, "minigpt"], capture_output=True)
-    except FileNotFoundError:
-        archive = None
-    if archive is None or archive.returncode:
-        log(f"batching: commit {PREVIOUS} not available (no git, or not this repository's history): "
-            "its decode is not measured")
-        return None
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(directory, filter="data")
-    return Path(directory)
-
-
-def previous_decode() -> dict[str, dict] | None:
-    """One-row decode of this tree and of PREVIOUS, each in a child process, in interleaved rounds:
-    tree -> the best round's {"ms", "tokens", "minigpt"}; None when PREVIOUS is not available."""
-    with tempfile.TemporaryDirectory() as directory, ExitStack() as stack:
-        previous = extract_previous(directory)
-        if previous is None:
-            return None
-        trees = {"this tree": ROOT, PREVIOUS: previous}
-        workers = {name: DecodeWorker(tree) for name, tree in trees.items()}
-        for worker in workers.values():
-            stack.callback(worker.close)
-        rounds = interleaved({name: worker.measure for name, worker in workers.items()})
-    for name, results in rounds.items():  # an installed minigpt must not have stood in for the tree
-        if not Path(results[0]["minigpt"]).is_relative_to(trees[name]):
-            raise RuntimeError(f"the decode worker for {name} imported {results[0]['minigpt']}, not {trees[name]}'s")
-    return {name: min(results, key=lambda r: r["ms"]) for name, results in rounds.items()}
 
 
 def run() -> Report:
@@ -130,10 +64,7 @@ def run() -> Report:
     equal = {(n, b): sum(all(tokens[i] == alone[i] for tokens, _, _ in results) for i in range(b))
              for (n, b), results in rounds.items()}
 
-    log(f"batching: one-row decode, this tree against {PREVIOUS} ...")
-    previous = previous_decode()
-
-    targets = batching_targets(tps, step_ms, equal, floor, previous, hf is not None)
+    targets = batching_targets(tps, step_ms, equal, floor, hf is not None)
     lines = [*info.header(transformers_row(hf)),
              f"### Results (best of {REPEATS} interleaved rounds; random-124m, float32; {PROMPT_TOKENS}-token "
              f"prompts, {NEW_TOKENS} new tokens each, greedy)", "",
@@ -152,14 +83,6 @@ def run() -> Report:
         cells += [" · ".join(f"{call_tps[n, b]:,.0f}" for n in names), " · ".join(f"{equal[n, b]}/{b}" for n in names)]
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
     lines.append("")
-    if previous is not None:
-        now, before = previous["this tree"], previous[PREVIOUS]
-        lines.append(
-            f"One-row decode ({PREVIOUS_PROMPT}-token prompt, median of {PREVIOUS_TOKENS - 1} steps, exact kernels, "
-            f"best of {REPEATS} interleaved rounds, each tree in its own process): this tree {now['ms']:.2f} ms/token, "
-            f"commit {PREVIOUS} (before the kernel rewrite) {before['ms']:.2f} ms/token: "
-            f"**{now['ms'] / before['ms']:.2f}x**; same tokens: {'yes' if now['tokens'] == before['tokens'] else 'no'}. "
-            f"The old tree is a copy of its minigpt/ made with git archive.")
     lines.append(f"Bandwidth floor {floor:.2f} ms/token (see the decode section in benchmarks.md for how it is "
                  f"measured); exact B=1 decode step {step_ms['minigpt exact', 1]:.2f} ms = "
                  f"{step_ms['minigpt exact', 1] / floor:.2f}x the floor.")
@@ -173,10 +96,9 @@ def run() -> Report:
     return Report(info, "\n".join(lines), targets, {"batching.png": plot})
 
 
-def batching_targets(tps: dict, step_ms: dict, equal: dict, floor: float, previous: dict | None,
-                     with_hf: bool) -> list[Target]:
+def batching_targets(tps: dict, step_ms: dict, equal: dict, floor: float, with_hf: bool) -> list[Target]:
     """What batching is held to: its gains over one row and over transformers, one-row decode
-    against the floor and the old kernels, exact rows."""
+    against the floor, exact rows."""
     exact, fast = "minigpt exact", "minigpt fast"
     rows = []
     ratio = tps[exact, 16] / tps[exact, 1]
@@ -188,10 +110,6 @@ def batching_targets(tps: dict, step_ms: dict, equal: dict, floor: float, previo
     rows.append(("fast at B=16 >= 5x fast at B=1 (decode tokens/s)", f"{ratio:.2f}x", ratio >= 5))
     ratio = step_ms[exact, 1] / floor
     rows.append(("exact B=1 decode step <= 1.15x the bandwidth floor", f"{ratio:.2f}x", ratio <= 1.15))
-    if previous is not None:
-        ratio = previous["this tree"]["ms"] / previous[PREVIOUS]["ms"]
-        rows.append((f"exact one-row decode <= 1.05x commit {PREVIOUS}'s (before the rewrite)", f"{ratio:.2f}x",
-                     ratio <= 1.05))
     same = sum(n for (name, _), n in equal.items() if name == exact)
     rows_total = sum(b for (name, b) in equal if name == exact)
     rows.append(("every exact row's tokens equal its prompt generated alone (all rounds)",
