@@ -147,7 +147,9 @@ class EngineThread:
                 ticket.deliver(Update(job.index, [], final=True, error="cancelled: the client left or the server "
                                                                        "is shutting down"))
         for job in self.engine.running:
-            ticket = self.tickets[job]
+            ticket = self.tickets.get(job)
+            if ticket is None:  # failed in an earlier step: leaving at the next
+                continue
             records = job.seq.streamed(ticket.sent)
             first = not ticket.started and job.prefilled
             if records or first:
