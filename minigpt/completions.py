@@ -33,7 +33,7 @@ FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n",
           "suffix", "best_of", "logit_bias", "presence_penalty", "frequency_penalty")  # the last five: only if inert
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 LIBRARY_NAMES = {"max_new_tokens": "max_tokens", "top_logprobs": "logprobs"}  # the library's keyword -> the API's
-PARAM_OF_MESSAGE = (("token id", "prompt"), ("the prompt", "prompt"), ("prompt", "prompt"), ("temperature", "temperature"),
+PARAM_OF_MESSAGE = (("token id", "prompt"), ("the prompt", "prompt"), ("temperature", "temperature"),
                     ("top_k", "top_k"), ("top_p", "top_p"), ("seed", "seed"), ("max_new_tokens", "max_tokens"),
                     ("top_logprobs", "logprobs"), ("stop", "stop"), ("a stop string", "stop"))
 

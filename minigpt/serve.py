@@ -34,8 +34,8 @@ from starlette.routing import Route
 
 from .api import Engine
 from .checks import check_ids
-from .completions import (APIError, ChoiceStream, Completion, check_completion, choice_json, envelope, parse_json,
-                          usage_json)
+from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
+                          encode_text, envelope, parse_json, usage_json)
 from .engine import Job
 from .errors import InputError, MinigptError
 from .model import Model
@@ -231,7 +231,7 @@ class Service:
             if not isinstance(body.get("prompt"), str):
                 raise APIError("prompt must be a string", "prompt")
             tokenizer = self.tokenizer()
-            ids = tokenizer.encode(body["prompt"], allowed_special="all")  # GPT-2 adds no special tokens
+            ids = encode_text(self.model, body["prompt"])  # add_special_tokens or not: GPT-2 adds none
             strs = [token_text(tokenizer, t) for t in ids] if body.get("return_token_strs") else None
             return JSONResponse({"count": len(ids), "max_model_len": self.model.config.n_positions, "tokens": ids,
                                  "token_strs": strs})
@@ -253,10 +253,7 @@ class Service:
         unknown = [key for key in body if key not in fields]
         if unknown:
             raise APIError(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
-        name = body.get("model")
-        if name is not None and name != self.served_name:
-            raise APIError(f"The model `{name}` does not exist: this server serves `{self.served_name}`", "model",
-                           "model_not_found", 404)
+        check_model_name(body.get("model"), self.served_name)
 
     def tokenizer(self):
         if self.model.tokenizer is None:
@@ -323,7 +320,7 @@ class Service:
                 if not got.done():
                     got.cancel()
                     self.engine_thread.cancel(tickets)
-                    return Response(status_code=499)  # nobody reads it
+                    return Response(status_code=499)  # nginx's "client closed request": nobody reads it
                 update = got.result()
                 if update.error is not None:
                     self.engine_thread.cancel(tickets)
@@ -432,13 +429,13 @@ class Server(uvicorn.Server):
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket (port 0: any free port), bound before the model's first request."""
     try:
-        sock = socket.create_server((host, port), reuse_port=False)
+        return socket.create_server((host, port))
     except OSError as e:
         raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    return sock
 
 
-def server(service: Service, sock: socket.socket) -> Server:
+def server(service: Service) -> Server:
+    """A uvicorn server for the service's app, quiet but for warnings and errors (no access log)."""
     config = uvicorn.Config(service.app(), log_level="warning", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
     return Server(config)
@@ -449,4 +446,4 @@ def serve(service: Service, sock: socket.socket) -> None:
     SHUTDOWN_GRACE_SECONDS to finish, cancel the rest and return."""
     host, port = sock.getsockname()[:2]
     print(f"minigpt serve: {service.served_name} on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)
-    server(service, sock).run(sockets=[sock])
+    server(service).run(sockets=[sock])

@@ -26,7 +26,7 @@ def running_server(model, name: str = "random-tiny", max_queue: int = 256, **eng
     """(service, base URL) of a server on an ephemeral port of 127.0.0.1, until the block ends."""
     service = Service(model, Engine(model, **engine_options), name, max_queue)
     sock = bind(HOST, 0)
-    uv = server(service, sock)
+    uv = server(service)
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

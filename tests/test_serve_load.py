@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import pytest
 
 from serving import HOST, running_server, settled
 
@@ -48,6 +48,7 @@ def send(port: int, i: int) -> tuple[int, dict | None, float]:
         if leave:
             if body["stream"]:
                 connection.getresponse().readline()
+            connection.sock.shutdown(socket.SHUT_RDWR)
             return i, None, 0.0
         response = connection.getresponse()
         assert response.status == 200, response.read()
