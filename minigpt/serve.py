@@ -416,14 +416,21 @@ def check_ids_field(tokens, vocab_size: int) -> list[int]:
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server, but a shutdown on SIGINT or SIGTERM is a normal end (exit status 0): uvicorn
-    would raise the signal again once it has shut down."""
+    """uvicorn's server, saying where it listens once it does (its signal handlers in place by then),
+    and ending normally (exit status 0) on SIGINT or SIGTERM: uvicorn would raise the signal again
+    once it has shut down."""
 
     @contextlib.contextmanager
     def capture_signals(self):
         with super().capture_signals():
             yield
             self._captured_signals.clear()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for sock in sockets or []:
+            host, port = sock.getsockname()[:2]
+            print(f"minigpt serve: listening on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -444,6 +451,4 @@ def server(service: Service) -> Server:
 def serve(service: Service, sock: socket.socket) -> None:
     """Serve on `sock` until SIGINT or SIGTERM: then stop accepting, give running requests
     SHUTDOWN_GRACE_SECONDS to finish, cancel the rest and return."""
-    host, port = sock.getsockname()[:2]
-    print(f"minigpt serve: {service.served_name} on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)
     server(service).run(sockets=[sock])

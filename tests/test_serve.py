@@ -249,7 +249,7 @@ def start_cli(*options: str) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen([sys.executable, "-m", "minigpt", "serve", "--model", "random-tiny", "--port", "0",
                                 *options], stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     line = process.stderr.readline()
-    assert " on http://127.0.0.1:" in line, line
+    assert " listening on http://127.0.0.1:" in line, line
     return process, line.split(" on ")[1].split()[0]
 
 
@@ -280,3 +280,27 @@ def test_the_command_s_usage_errors_exit_2_and_a_port_in_use_is_one_line(served)
                            capture_output=True, text=True, timeout=60)
     assert taken.returncode == 1 and taken.stderr.startswith("error: cannot listen on 127.0.0.1:")
     assert len(taken.stderr.splitlines()) == 1
+
+
+def test_a_signal_at_once_after_the_listening_line_still_exits_0():
+    process, _ = start_cli()
+    try:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_serve_without_the_extra_is_one_line_saying_how_to_install_it():
+    code = ("import sys; sys.modules['uvicorn'] = None; from minigpt.cli import main; "
+            "sys.exit(main(['serve', '--model', 'random-tiny', '--port', '0']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stderr == ("error: serve needs the serve extra (uvicorn is not installed): "
+                                                    "pip install 'minigpt[serve]'\n")
+
+
+def test_sampling_without_a_seed_draws_one_so_two_answers_differ(client):
+    texts = [client.completions.create(model="random-tiny", prompt=PROMPT, max_tokens=8).choices[0].text
+             for _ in range(2)]
+    assert texts[0] != texts[1]  # temperature 1 by default, near-uniform over 50,257 tokens: never equal by chance

@@ -59,7 +59,7 @@ def start_server(model_name: str, kernels: str) -> tuple[subprocess.Popen, int]:
     process = subprocess.Popen([sys.executable, "-m", "minigpt", "serve", "--model", model_name, "--kernels", kernels,
                                 "--port", "0", "--max-batch-size", str(MAX_BATCH)], stderr=subprocess.PIPE, text=True)
     line = process.stderr.readline()
-    if " on http://127.0.0.1:" not in line:
+    if " listening on http://127.0.0.1:" not in line:
         process.kill()
         raise RuntimeError(f"the server did not start: {line}")
     return process, int(line.rsplit(":", 1)[1].split()[0])
