@@ -16,11 +16,14 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from serving import HOST, get, post, running_server, settled
 
 import minigpt
 from minigpt import engine as engine_module
+from minigpt.sampling import log_softmax, top_log_probs
 
 openai = pytest.importorskip("openai", reason="the openai client is not installed (pip install -e '.[test]')")
 
@@ -142,6 +145,66 @@ def test_tokenize_detokenize_and_tokenizer_info_speak_vllm_shapes(model, served)
     assert status == 200 and info["eos_token"] == "<|endoftext|>" and info["tokenizer_class"] == "GPT2Tokenizer"
     assert get(url, "/health") == (200, {"status": "ok"})
     assert get(url, "/v1/models")[1]["data"][0]["id"] == "random-tiny"
+
+
+def answer_of(url: str, body: dict) -> list[tuple[str, list | None, list | None]]:
+    """The choices of a completion, streamed or whole, as (text, token_logprobs, top_logprobs values) by index."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.request("POST", "/v1/completions", json.dumps(body))
+    response = connection.getresponse()
+    assert response.status == 200
+    pieces = ([json.loads(line[6:]) for line in response if line.startswith(b"data: {")] if body["stream"]
+              else [json.loads(response.read())])
+    connection.close()
+    choices: dict[int, list] = {}
+    for piece in pieces:
+        for c in piece["choices"]:
+            text, logprobs, top = choices.setdefault(c["index"], ["", None, None])
+            choices[c["index"]][0] = text + c["text"]
+            if c["logprobs"] is not None:
+                choices[c["index"]][1] = (logprobs or []) + c["logprobs"]["token_logprobs"]
+                if c["logprobs"]["top_logprobs"] is not None:
+                    choices[c["index"]][2] = (top or []) + [None if t is None else list(t.values())
+                                                            for t in c["logprobs"]["top_logprobs"]]
+    return [tuple(choices[i]) for i in sorted(choices)]
+
+
+def expected_choice(model, ids, body, j):
+    """What generate and score give choice j of prompt `ids` alone, as answer_of shapes it."""
+    n_top = body.get("logprobs")
+    sampled = body["temperature"] != 0
+    alone = minigpt.generate(model, ids, body["max_tokens"], temperature=body["temperature"],
+                             seed=body["seed"] + j if sampled else None, top_logprobs=n_top or 0)
+    text, logprobs, top = text_of(model, alone), None, None
+    if n_top is not None:
+        logprobs = alone.logprobs
+        top = [[lp for _, lp in step] for step in alone.top_logprobs] if n_top else None
+    if body["echo"]:
+        text = model.tokenizer.decode(ids) + text
+        if n_top is not None:
+            scores = minigpt.score(model, ids).tolist() if len(ids) > 1 else []
+            logprobs = [None, *scores, *logprobs]
+            if n_top:
+                prompt_top = [[lp for _, lp in top_log_probs(log_softmax(row), n_top)]
+                              for row in model.forward(ids)[:-1]]
+                top = [None, *prompt_top, *top]
+    return text, logprobs, top
+
+
+@given(prompts=st.lists(st.lists(st.integers(0, 50256), min_size=1, max_size=24), min_size=1, max_size=2),
+       max_tokens=st.integers(0, 6), temperature=st.sampled_from([0, 0.7]), seed=st.integers(0, 2**20),
+       n=st.integers(1, 2), logprobs=st.sampled_from([None, 0, 2]), echo=st.booleans(), stream=st.booleans())
+def test_every_completion_streamed_or_whole_is_bitwise_solo_generate_and_score(
+        model, served, prompts, max_tokens, temperature, seed, n, logprobs, echo, stream):
+    body = {"prompt": prompts, "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "n": n,
+            "echo": echo, "stream": stream, **({} if logprobs is None else {"logprobs": logprobs})}
+    got = answer_of(served[1], body)
+    assert len(got) == len(prompts) * n
+    for index, choice in enumerate(got):
+        text, token_logprobs, top = expected_choice(model, prompts[index // n], body, index % n)
+        assert choice[0] == text and choice[1] == token_logprobs
+        assert choice[2] == top
 
 
 BAD_BODIES = [  # (body, status, param)
