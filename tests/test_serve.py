@@ -67,6 +67,15 @@ def test_a_greedy_completion_is_bitwise_generate_alone(model, client):
     assert answer.usage.completion_tokens == len(alone.tokens)
 
 
+def test_a_list_of_strings_is_one_prompt_each_and_max_tokens_defaults_to_16(model, client):
+    answer = client.completions.create(model="random-tiny", prompt=["The dog", PROMPT], temperature=0, user="me",
+                                       extra_body={"ignore_eos": True})
+    for choice, text in zip(answer.choices, ["The dog", PROMPT]):
+        alone = minigpt.generate(model, ids_of(model, text), 16, stop_at_eos=False)
+        assert choice.text == text_of(model, alone) and len(alone.tokens) == 16
+    assert answer.usage.completion_tokens == 32
+
+
 def test_n_seeded_choices_sample_with_seed_plus_their_index(model, client):
     answer = client.completions.create(model="random-tiny", prompt=[[464, 3290], [11]], max_tokens=8, n=3, seed=41,
                                        temperature=0.9, top_p=0.95, logprobs=0,
