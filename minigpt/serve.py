@@ -129,16 +129,22 @@ class EngineThread:
     def step(self) -> None:
         """One engine step, then an Update for every choice that progressed or finished. An error
         fails the choices of the step (500) and cancels them; the engine goes on."""
+        finished: list[Job] = []
         try:
             finished, _ = self.engine.step()
+            self.updates(finished)
         except Exception as e:  # a fault of minigpt's, never of the request: logged, and the loop goes on
             log.exception("an engine step failed; its requests are answered with a 500")
             message = f"internal error in the engine step: {type(e).__name__}: {e}"
-            for job in list(self.engine.running) or list(self.engine.waiting):  # those it ran, or tried to admit
+            ran = list(self.engine.running) or list(self.engine.waiting)  # those it ran, or tried to admit
+            for job in [*finished, *ran]:
                 if job in self.tickets:
                     self.engine.cancel(job)
                     self.tickets.pop(job).deliver(Update(job.index, [], final=True, error=message))
-            return
+
+    def updates(self, finished: list[Job]) -> None:
+        """Every finished choice its last Update; every running one that released tokens (or was just
+        prefilled: echo needs its prompt's scores) an Update."""
         for job in finished:
             ticket = self.tickets.pop(job, None)
             if ticket is not None and not ticket.cancelled:
