@@ -85,9 +85,10 @@ def parse_json(body: bytes) -> dict:
     return value
 
 
-def check_completion(model: Model, served_name: str, body: dict) -> Completion:
+def check_completion(model: Model, served_name: str, body: dict, room: int) -> Completion:
     """A completions body checked before any work (APIError naming the field), with OpenAI's defaults:
-    max_tokens 16, temperature 1, n 1, and a seed drawn from the system's randomness when none is given."""
+    max_tokens 16, temperature 1, n 1, and a seed drawn from the system's randomness when none is given.
+    More choices than `room` (what the server can take now) is a 429, before a Request is made."""
     unknown = [key for key in body if key not in FIELDS]
     if unknown:
         raise APIError(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
@@ -105,6 +106,10 @@ def check_completion(model: Model, served_name: str, body: dict) -> Completion:
         seed = secrets.randbits(63)  # OpenAI samples at random without a seed: so does the server
     stop = body.get("stop")
     prompts = prompt_ids(model, body.get("prompt"))
+    if len(prompts) * n > room:
+        raise APIError(f"the server is busy: {len(prompts) * n} choices asked for, room for {max(room, 0)} now "
+                       "(--max-batch-size + --max-queue in flight); retry later", None, "queue_full", 429,
+                       "rate_limit_error")
     options = dict(temperature=1.0 if body.get("temperature") is None else body["temperature"],
                    top_k=body.get("top_k"), top_p=body.get("top_p"), seed=seed, stop_at_eos=not ignore_eos,
                    stop=[stop] if isinstance(stop, str) else stop or None, top_logprobs=logprobs or 0)

@@ -278,8 +278,8 @@ class Service:
     async def completions(self, request: HTTPRequest) -> Response:
         try:
             body = parse_json(await read_body(request))
-            completion = check_completion(self.model, self.served_name, body)
-            self.check_room(completion)
+            completion = check_completion(self.model, self.served_name, body, self.capacity - self.in_flight)
+            self.check_fits(completion)
         except APIError as e:
             return error_response(e)
         except MinigptError as e:  # a check that is not the API's own (the tokenizer's)
@@ -296,17 +296,12 @@ class Service:
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return await self.whole(request, identity, completion, tickets, updates)
 
-    def check_room(self, completion: Completion) -> None:
-        """Refuse what could never fit in the pool (400) or does not fit in the queue now (429)."""
+    def check_fits(self, completion: Completion) -> None:
+        """Refuse a prompt that could never fit in the page pool (400)."""
         try:
             self.engine.check_fits(completion.requests)
         except InputError as e:
             raise APIError(str(e), "prompt", "context_length_exceeded") from None
-        choices = len(completion.requests) * completion.n
-        if self.in_flight + choices > self.capacity:
-            raise APIError(f"the server is busy: {self.in_flight} choices in flight, {choices} more would pass its "
-                           f"bound of {self.capacity} (--max-batch-size + --max-queue); retry later", None,
-                           "queue_full", 429, "rate_limit_error")
 
     def arrived(self, updates: asyncio.Queue, update: Update) -> None:
         """On the event loop: an Update from the engine thread."""
