@@ -10,7 +10,6 @@ that seed alone (docs/serving.md).
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import json
 import re
@@ -22,8 +21,8 @@ from typing import Iterator
 from .api import make_request
 from .errors import ContextLengthError, InputError, MinigptError, check_int
 from .model import Model
-from .sequence import GenerationResult, Request, StreamedToken, generated_text
-from .tokenizer import token_text
+from .sequence import GenerationResult, Request, StreamedToken
+from .tokenizer import encode, token_text
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's
 MAX_LOGPROBS = 20  # OpenAI's bound on `logprobs`
@@ -184,11 +183,12 @@ def prompt_ids(model: Model, prompt) -> list:
 
 
 def encode_text(model: Model, text: str) -> list[int]:
-    """A text's ids as OpenAI's and vLLM's GPT-2 tokenize it: "<|endoftext|>" in it is the special token."""
+    """A text's ids (minigpt.encode: "<|endoftext|>" in it is the special token, as OpenAI's and vLLM's
+    GPT-2 tokenize it)."""
     if model.tokenizer is None:
         raise APIError(f"this model's vocabulary has {model.config.vocab_size} tokens, not GPT-2's, so it has no "
                        "tokenizer for text: send token ids", "prompt")
-    return model.tokenizer.encode(text, allowed_special="all")
+    return encode(model.tokenizer, text)
 
 
 def library_error(error: MinigptError, prefix: str) -> APIError:
@@ -205,11 +205,6 @@ def library_error(error: MinigptError, prefix: str) -> APIError:
 
 def finish_reason(result: GenerationResult) -> str:
     return FINISH_REASONS[result.finish_reason]
-
-
-def completion_text(tokenizer, result: GenerationResult) -> str:
-    """The new text: the library's (without the <|endoftext|> that ended it)."""
-    return generated_text(tokenizer, result)
 
 
 def logprobs_json(tokenizer, tokens: list[int], logprobs: list, top: list | None, offset: int) -> dict:
@@ -250,7 +245,7 @@ def choice_json(tokenizer, completion: Completion, index: int, result: Generatio
         top = result.top_logprobs if completion.logprobs else None
         new = logprobs_json(tokenizer, result.tokens, result.logprobs, top, len(text))
         logprobs = new if logprobs is None else {key: joined(logprobs[key], new[key]) for key in new}
-    return {"index": index, "text": text + completion_text(tokenizer, result), "logprobs": logprobs,
+    return {"index": index, "text": text + result.text, "logprobs": logprobs,
             "finish_reason": finish_reason(result)}
 
 
@@ -274,12 +269,11 @@ def envelope(identity: str, served_name: str, choices: list[dict], created: int 
 
 
 class ChoiceStream:
-    """One choice as streamed chunks: the text of its released tokens decoded incrementally (a
-    character split between tokens comes out whole), its logprobs' text_offset carried on."""
+    """One choice as streamed chunks: each released token's share of the text, and its logprobs'
+    text_offset carried on from chunk to chunk."""
 
     def __init__(self, tokenizer, completion: Completion, index: int):
         self.tokenizer, self.completion, self.index = tokenizer, completion, index
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.offset = 0
 
     def echo(self, result: GenerationResult) -> dict:
@@ -291,14 +285,10 @@ class ChoiceStream:
     def chunk(self, records: list[StreamedToken], result: GenerationResult | None) -> dict:
         """The chunk of these newly released tokens; result: the choice's, when they are its last."""
         tokens = [r.token for r in records]
-        shown = tokens[:-1] if result is not None and result.finish_reason == "eos" else tokens
-        text = "".join(self.decoder.decode(self.tokenizer.decode_single_token_bytes(t)) for t in shown)
-        if result is not None:
-            text += self.decoder.decode(b"", final=True)
         logprobs = None
         if self.completion.logprobs is not None:
             top = [r.top_logprobs for r in records] if self.completion.logprobs else None
             logprobs = logprobs_json(self.tokenizer, tokens, [r.logprob for r in records], top, self.offset)
         self.offset += sum(len(token_text(self.tokenizer, t)) for t in tokens)
-        return {"index": self.index, "text": text, "logprobs": logprobs,
+        return {"index": self.index, "text": "".join(r.text for r in records), "logprobs": logprobs,
                 "finish_reason": None if result is None else finish_reason(result)}

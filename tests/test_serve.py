@@ -47,11 +47,11 @@ def client(served):
 
 
 def ids_of(model, text):
-    return model.tokenizer.encode(text, allowed_special="all")
+    return minigpt.encode(model.tokenizer, text)
 
 
 def text_of(model, result):
-    return minigpt.sequence.generated_text(model.tokenizer, result)
+    return result.text
 
 
 def test_a_greedy_completion_is_bitwise_generate_alone(model, client):

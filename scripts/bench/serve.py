@@ -25,7 +25,6 @@ import numpy as np
 from minigpt.api import generate
 from minigpt.kernels import FAST
 from minigpt.model import Model
-from minigpt.sequence import generated_text
 
 from .common import Report, RunInfo, Target, log, random_124m, timed
 
@@ -51,7 +50,7 @@ def percentiles(values: list[float]) -> str:
 def one_at_a_time(model: Model, prompts: list[list[int]], new_tokens: int) -> dict:
     """minigpt.generate on each prompt in turn: texts, wall time, first-step and later-step seconds."""
     results, seconds = timed(lambda: [generate(model, p, new_tokens, stop_at_eos=False) for p in prompts])
-    return {"texts": [generated_text(model.tokenizer, r) for r in results], "seconds": seconds,
+    return {"texts": [r.text for r in results], "seconds": seconds,
             "ttft": [r.step_seconds[0] for r in results], "tbt": [s for r in results for s in r.step_seconds[1:]]}
 
 
