@@ -216,7 +216,8 @@ def logprobs_json(tokenizer, tokens: list[int], logprobs: list, top: list | None
         offsets.append(offset)
         offset += len(text)
     return {"tokens": texts, "token_logprobs": logprobs,
-            "top_logprobs": None if top is None else [None if step is None else top_dict(tokenizer, step) for step in top],
+            "top_logprobs": None if top is None else [None if step is None else top_dict(tokenizer, step)
+                                                      for step in top],
             "text_offset": offsets}
 
 

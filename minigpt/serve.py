@@ -286,8 +286,11 @@ class Service:
             return error_response(APIError(str(e)))
         updates: asyncio.Queue[Update] = asyncio.Queue()
         loop = asyncio.get_running_loop()
-        tickets = [Ticket(i, r, completion.prompt_logprobs, lambda u: loop.call_soon_threadsafe(self.arrived, updates, u))
-                   for i, r in enumerate(completion.choices())]
+
+        def deliver(update: Update) -> None:  # from the engine thread
+            loop.call_soon_threadsafe(self.arrived, updates, update)
+
+        tickets = [Ticket(i, r, completion.prompt_logprobs, deliver) for i, r in enumerate(completion.choices())]
         self.in_flight += len(tickets)
         self.engine_thread.submit(tickets)
         identity = f"cmpl-{uuid.uuid4().hex}"

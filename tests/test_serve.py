@@ -319,7 +319,8 @@ def test_an_error_inside_a_step_fails_its_request_with_a_500_and_the_engine_goes
 def start_cli(*options: str) -> tuple[subprocess.Popen, str]:
     """`python -m minigpt serve` in a subprocess on an ephemeral port; (process, URL) once it listens."""
     process = subprocess.Popen([sys.executable, "-m", "minigpt", "serve", "--model", "random-tiny", "--port", "0",
-                                *options], stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                *options], stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
     line = process.stderr.readline()
     assert " listening on http://127.0.0.1:" in line, line
     return process, line.split(" on ")[1].split()[0]

@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
                                    "the exact kernels every answer is bitwise what `generate` gives it alone "
                                    "(docs/serving.md). Needs the serve extra: pip install 'minigpt[serve]'.")
     add_model_options(p)
-    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=port, default=8000, help="the port (default 8000; 0: any free port)")
     p.add_argument("--max-batch-size", type=positive_int, default=DEFAULT_MAX_BATCH_SIZE, metavar="B",
                    help=f"decode at most B sequences together (default {DEFAULT_MAX_BATCH_SIZE})")
