@@ -12,7 +12,9 @@ Sections (default: all, in this order), one module each in scripts/bench/:
   tight page pool (docs/paging.md);
 - prefix: the Engine's prefix cache on and off, on a shared prompt prefix and on multiple-choice
   scoring (docs/prefix-cache.md);
-- speculative: plain decode against speculative decoding with four drafters (docs/speculative.md).
+- speculative: plain decode against speculative decoding with four drafters (docs/speculative.md);
+- serve: the completions server at 1, 4, 16 and 32 concurrent clients, exact and fast kernels, against
+  the same requests one at a time (docs/serving.md).
 
 Everything a section compares is measured in the same run, side by side, and reported as ratios
 (timings on a shared machine are noisy; ratios measured together are not much). Measurements are
@@ -31,12 +33,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
-from bench import batching, decode, paging, prefix, speculative  # noqa: E402
+from bench import batching, decode, paging, prefix, serve, speculative  # noqa: E402
 from bench.common import log, timed, write_block  # noqa: E402
 from minigpt.errors import MinigptError  # noqa: E402
 from minigpt.staircase import require_matplotlib  # noqa: E402
 
-SECTIONS = {"decode": decode, "batching": batching, "paging": paging, "prefix": prefix, "speculative": speculative}
+SECTIONS = {"decode": decode, "batching": batching, "paging": paging, "prefix": prefix, "speculative": speculative,
+            "serve": serve}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,8 @@ that reads such a file runs too. A model from the Hugging Face Hub (`gpt2`,
 download, stays where shapes matter and is swapped only in the examples listed in SMALLER. So
 nothing touches the network and the whole file runs in about a minute. Commands that need the network, run the
 test suite itself or measure for minutes are listed in SKIP with their reason, printed when
-skipped; so is a command synopsis (`[--option]`).
+skipped; so is a command synopsis (`[--option]`). The examples that call a server (curl, the openai
+client, at 127.0.0.1:8000) run against one this file starts as the README does, on a free port.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -53,7 +58,10 @@ SKIP = [
     ("python -m minigpt staircase --prompt-tokens 128 --new-tokens 128", "a 128 + 128 staircase: over a minute"),
     ("python -m minigpt staircase --prompt-tokens 512", "a 512-token staircase: over a minute"),
     ("CI=1 python -m pytest", "the test suite itself"),
+    ("python -m minigpt serve", "a server runs until it is stopped: the examples that call one run against a "
+                                "server this test starts on a free port"),
 ]
+SERVED = "127.0.0.1:8000"  # where the examples' server listens; theirs is started on a free port instead
 
 
 def examples() -> list[tuple[str, int, str, str, list[tuple[str, str]]]]:
@@ -95,6 +103,8 @@ def offline(text: str) -> str:
 
 def skip_reason(command: str) -> str | None:
     bare = re.sub(r"^(?:\w+=\S*\s+)+", "", command)  # PYTHONPATH=. python ... -> python ...
+    if bare.startswith("curl ") and "http://127.0.0.1:" in bare:
+        return None  # a request to the examples' server
     if not bare.startswith("python"):
         return f"not a python command: {bare.split()[0]!r}"
     if re.search(r"\s\[-", bare):
@@ -117,12 +127,39 @@ def setup(tmp_path: Path, files: list[tuple[str, str]]) -> None:
         (tmp_path / name).write_text(content)
 
 
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """`python -m minigpt serve --model random-tiny` on a free port of 127.0.0.1, as the README starts
+    it, for the examples that call a server: its host:port, once /health answers."""
+    pytest.importorskip("uvicorn", reason="the serve extra (starlette, uvicorn) runs the server examples")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "minigpt", "serve", "--model", "random-tiny", "--port",
+                                str(port)], env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):  # at most a minute
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                assert process.poll() is None, "the examples' server exited"
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
 EXAMPLES = examples()
 
 
 @pytest.mark.parametrize("file,line,lang,code,files", EXAMPLES, ids=[f"{e[0]}:{e[1]}" for e in EXAMPLES])
-def test_example_runs(file, line, lang, code, files, tmp_path, capsys):
+def test_example_runs(file, line, lang, code, files, tmp_path, capsys, request):
     setup(tmp_path, files)
+    if SERVED in code:
+        code = code.replace(SERVED, request.getfixturevalue("server"))
     if lang == "python":
         source = offline(code)
         if any(file == f and text in code for f, text in SMALLER):
@@ -142,7 +179,7 @@ def test_example_runs(file, line, lang, code, files, tmp_path, capsys):
         argv = shlex.split(offline(command), comments=True)
         while argv and re.match(r"^\w+=", argv[0]):
             argv.pop(0)  # PYTHONPATH=. and the like: the subprocess gets the checkout on its path anyway
-        run([sys.executable, *argv[1:]], tmp_path, f"{file}:{line}: {command}")
+        run(argv if argv[0] == "curl" else [sys.executable, *argv[1:]], tmp_path, f"{file}:{line}: {command}")
         ran += 1
     if not ran:
         pytest.skip(f"{file}:{line}: every command of this block is listed as not run (reasons printed above)")

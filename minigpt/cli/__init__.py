@@ -19,10 +19,10 @@ from typing import Iterator
 
 from ..errors import MinigptError
 from ..checks import with_truncate_hint
-from . import batch, cost, generate, prove, score, staircase, tune
+from . import batch, cost, generate, prove, score, serve, staircase, tune
 from .common import Stream, UsageError
 
-COMMANDS = (generate, batch, score, prove, staircase, cost, tune)
+COMMANDS = (generate, batch, score, prove, staircase, cost, tune, serve)
 
 
 class OutputError(MinigptError):
