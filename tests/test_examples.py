@@ -17,6 +17,7 @@ client, at 127.0.0.1:8000) run against one this file starts as the README does, 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -112,6 +113,8 @@ def skip_reason(command: str) -> str | None:
     for prefix, reason in SKIP:
         if bare.startswith(prefix) or command.startswith(prefix):
             return reason
+    if " --plot" in bare and importlib.util.find_spec("matplotlib") is None:
+        return "draws a plot: the plot extra (matplotlib) is not installed"
     return None
 
 
