@@ -5,7 +5,7 @@ minigpt.speculative, minigpt.engine) and minigpt.scoring, an overflow named by i
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -21,6 +21,8 @@ from .paging import PAGE, PagePool, pages_for
 from .sampling import MAX_TOP_LOGPROBS
 from .sequence import GenerationResult, Request, Sequence, StreamedToken
 from .speculative import speculative_steps
+
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------ generation
@@ -65,18 +67,23 @@ def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, *, use_cac
     return seq, checked_steps(model, seq, loop(model, seq))
 
 
-def checked_steps(gpt: GPT2, seq: Sequence, loop: Iterator[None]) -> Iterator[None]:
-    """The steps of `loop`, each with overflow warnings off: an overflow is the NumericalError of the
-    sequence's finiteness check, raised here naming the layer where it began."""
+def named_overflow(gpt: GPT2, items: Iterator[T], ids: Callable[[], list[int]]) -> Iterator[T]:
+    """The items of a loop, each computed with overflow warnings off: an overflow is the NumericalError
+    of a finiteness check, raised here naming the layer where it began in a forward over ids()."""
     while True:
         try:
             with np.errstate(over="ignore", invalid="ignore"):
-                next(loop)
+                item = next(items)
         except StopIteration:
             return
         except NumericalError as e:
-            raise overflow(gpt, e, seq.ids) from None
-        yield
+            raise overflow(gpt, e, ids()) from None
+        yield item
+
+
+def checked_steps(gpt: GPT2, seq: Sequence, loop: Iterator) -> Iterator:
+    """A sequence's loop, its overflows named by the layer where they began."""
+    return named_overflow(gpt, loop, lambda: seq.ids)
 
 
 def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
@@ -212,15 +219,8 @@ class Engine(Scheduler):
         after every step. A request that could never fit in the pool is refused before any work."""
         self.check_fits(requests)
         jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
-        finished = self.run(on_step)
-        while True:
-            try:
-                with np.errstate(over="ignore", invalid="ignore"):
-                    job = next(finished)
-            except StopIteration:
-                return
-            except NumericalError as e:
-                raise overflow(self.gpt, e, next((j for j in jobs if not j.seq.done), jobs[0]).seq.ids) from None
+        unfinished = lambda: next((j for j in jobs if not j.seq.done), jobs[0]).seq.ids  # noqa: E731
+        for job in named_overflow(self.gpt, self.run(on_step), unfinished):
             yield job.index, job.result()
 
     def check_fits(self, requests: list[Request]) -> None:

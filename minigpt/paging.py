@@ -7,7 +7,7 @@ its last one, and gives all of them back when it finishes or is preempted (docs/
 
 `forward_batch` runs several sequences' new positions through the weights together, each
 attending to its own keys and values only. The exact kernels read a sequence's keys in place, in
-runs of consecutive pages (PagedCache.segments); their bits do not depend on where the runs break
+runs of consecutive pages (PagedCache.runs, a forward's Placement); their bits do not depend on where the runs break
 (minigpt.kernels, point 4), so a paged, batched sequence gets bitwise gpt2.forward's logits. The
 pool places pages so that sequences stay in few runs: a growing sequence takes the page right
 after its last one when it is free, and a new run starts in the middle of the largest free gap.
@@ -209,39 +209,48 @@ class PagedCache:
         positions = np.arange(start, stop)
         return np.asarray(self.pages)[positions // PAGE] * PAGE + positions % PAGE
 
-    def segments(self, layer: int, n: int) -> Segments:
-        """`layer`'s keys and values of positions 0 .. n-1 as views of the pool, one per run of
-        consecutive pages."""
-        runs: list[list[int]] = []  # [first slot, stop slot]
+    def runs(self, n: int) -> list[tuple[int, int]]:
+        """The pool slot ranges [a, b) of positions 0 .. n-1, one per run of consecutive pages."""
+        runs: list[list[int]] = []
         for page in self.pages[:pages_for(n)]:
             if runs and runs[-1][1] == page * PAGE:
                 runs[-1][1] += PAGE
             else:
                 runs.append([page * PAGE, (page + 1) * PAGE])
         runs[-1][1] -= pages_for(n) * PAGE - n  # the last run ends at position n
-        return [(self.pool.k[layer, :, a:b], self.pool.v[layer, :, a:b]) for a, b in runs]
+        return [(a, b) for a, b in runs]
 
 
-def store(cache: KVCache | PagedCache, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> Segments:
-    """Write new positions' keys and values [H, T, hd] at start .. start+T-1; return the segments of
-    every position so far."""
-    end = start + k.shape[1]
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """Where one sequence's keys and values lie for one forward, the same in every layer: the store,
+    the slots its new positions go to, and the slot ranges of every position so far."""
+
+    k: np.ndarray  # [n_layer, H, slots, hd]
+    v: np.ndarray
+    new: np.ndarray | slice  # the new positions' slots
+    runs: list[tuple[int, int]]  # positions 0 .. end-1, in order
+
+    def store(self, layer: int, k: np.ndarray, v: np.ndarray) -> Segments:
+        """Write the new positions' keys and values [H, T, hd]; the segments of every position so far."""
+        self.k[layer][:, self.new], self.v[layer][:, self.new] = k, v
+        return [(self.k[layer, :, a:b], self.v[layer, :, a:b]) for a, b in self.runs]
+
+
+def placement(cache: KVCache | PagedCache, n: int) -> Placement:
+    """The Placement of n new positions after a cache's: a KVCache's are one contiguous run, a pool's
+    follow its page table."""
+    start, end = cache.length, cache.length + n
     if isinstance(cache, KVCache):
-        cache.k[layer, :, start:end], cache.v[layer, :, start:end] = k, v
-        return [(cache.k[layer, :, :end], cache.v[layer, :, :end])]
-    slots = cache.slots(start, end)
-    cache.pool.k[layer][:, slots], cache.pool.v[layer][:, slots] = k, v
-    return cache.segments(layer, end)
+        return Placement(cache.k, cache.v, slice(start, end), [(0, end)])
+    return Placement(cache.pool.k, cache.pool.v, cache.slots(start, end), cache.runs(end))
 
 
-def batch_attend(layer: int, caches: list, rows: list[slice], kernels: Kernels) -> Callable:
-    """The attend of `layer` for a batch: each sequence's new keys and values stored in its cache,
-    then every sequence's queries attend to their own keys, in one call of the kernels."""
-    starts = [cache.length for cache in caches]
-
+def batch_attend(layer: int, placements: list[Placement], rows: list[slice], kernels: Kernels) -> Callable:
+    """The attend of `layer` for a batch: each sequence's new keys and values stored where it places
+    them, then every sequence's queries attend to their own keys, in one call of the kernels."""
     def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, N, hd] each
-        parts = [Queries(r, store(cache, layer, start, k[:, r], v[:, r]))
-                 for cache, r, start in zip(caches, rows, starts)]
+        parts = [Queries(r, place.store(layer, k[:, r], v[:, r])) for place, r in zip(placements, rows)]
         return attend_batch(kernels, q, parts)  # [H, N, hd]
     return attend
 
@@ -254,9 +263,10 @@ def forward_batch(gpt: GPT2, ids_list: list, caches: list, keep: list[int]) -> l
     sizes = [len(ids) for ids in ids_list]
     edges = np.cumsum([0, *sizes])
     rows = [slice(a, b) for a, b in zip(edges, edges[1:])]
+    placements = [placement(cache, n) for cache, n in zip(caches, sizes)]  # once, for every layer
     x = np.concatenate([embed(gpt.params, ids, cache.length) for ids, cache in zip(ids_list, caches)])  # [N, C]
     for layer, p in enumerate(gpt.params.h):
-        x = block(x, p, gpt.config, batch_attend(layer, caches, rows, gpt.kernels), gpt.kernels.linear)  # [N, C]
+        x = block(x, p, gpt.config, batch_attend(layer, placements, rows, gpt.kernels), gpt.kernels.linear)  # [N, C]
     for cache, n in zip(caches, sizes):
         cache.length += n
     kept = [min(n, k) if k else n for n, k in zip(sizes, keep)]
