@@ -18,8 +18,9 @@ import numpy as np
 from .config import GPT2Config
 from .cost import token_counts
 from .gpt2 import GPT2, forward
+from .kernels import FAST
 from .kv_cache import KVCache, forward_cached, new_cache
-from .layers import FAST, merge_heads
+from .layers import merge_heads
 from .sequence import check_finite
 from .tracing import Trace, traced_forward
 

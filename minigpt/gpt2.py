@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .config import GPT2Config
-from .layers import FAST, Kernels, block, layer_norm
+from .layers import PLAIN, Kernels, block, layer_norm
 from .params import GPT2Params
 
 
@@ -21,7 +21,7 @@ class GPT2:
 
     config: GPT2Config
     params: GPT2Params
-    kernels: Kernels = FAST
+    kernels: Kernels = PLAIN
 
 
 def embed(params: GPT2Params, ids, start: int = 0) -> np.ndarray:

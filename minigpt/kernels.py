@@ -1,7 +1,7 @@
 """Exact kernels: matrix products and attention whose every row has the same bits whatever else is
 computed with it, so that the cache, batching, paging and speculation change no bit (part 4).
 
-`EXACT` replaces layers.FAST's two order-sensitive operations. In short (docs/exactness.md tells
+`EXACT` replaces layers.PLAIN's two order-sensitive operations. In short (docs/exactness.md tells
 the whole argument, with its measurements):
 
 1. `exact_linear` multiplies each row by the weights on its own, by matrix-vector products
@@ -13,7 +13,7 @@ the whole argument, with its measurements):
    the blocks can be sized for the machine's caches, or by measuring it (minigpt.tuning).
 4. `exact_attend` lets query position t see keys 0 .. L(t)-1, L(t) rounded up to a whole page of
    PAGE keys (keys after t get weight +0.0), scores each key by one dot product, sums each page's
-   16 terms in a fixed order and the pages by a fixed tree of pairs. It takes keys contiguous or as
+   16 terms in a fixed order and the pages by a fixed tree. It takes keys contiguous or as
    runs of whole pages and pads a sequence's last, incomplete page itself, so no slot past a
    cache's length is read. A row's bits then depend on its position and its data alone: not on
    the other rows, nor on how its keys lie in memory.
@@ -24,15 +24,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
+from itertools import accumulate
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from .layers import FAST, Kernels
-from .tuning import Tuning, current
+from .layers import Kernels, attend, attention_weights, linear
+from .tuning import Tuning, current, threads
 
 PAGE = 16  # keys per attention page: the unit of every sum over keys
 ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (point 2 above)
@@ -73,19 +73,6 @@ def tuned(choice: Tuning) -> Iterator[None]:
 
 
 @cache
-def threads() -> int:
-    """The number of threads OpenBLAS runs, decided as OpenBLAS decides it (once, at start-up): the
-    first of OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS that is set, at most the CPUs
-    this process may run on. minigpt's own worker threads are as many."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(name, "").strip()
-        if value.isdigit() and int(value) >= 1:
-            return min(int(value), cpus, 64)
-    return min(cpus, 64)
-
-
-@cache
 def alignment() -> int:
     """Every gemv call computes a multiple of this many outputs: of ALIGN, and of 4 x the thread
     count, so that OpenBLAS's split at ceil(n / threads) gives every thread a multiple of four."""
@@ -100,15 +87,17 @@ def _workers() -> ThreadPoolExecutor | None:
     return ThreadPoolExecutor(n - 1, thread_name_prefix="minigpt-kernels") if n > 1 else None
 
 
-def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
-    """y = x @ weight.T for weight [m, n_in] (m a multiple of alignment()), x [T, n_in], into y [T, m]: one
-    gemv per weight block and row, block-major so that a block is read from memory once and from
-    cache for the other rows."""
+def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray, elements: int) -> None:
+    """y = x @ weight.T for weight [m, n_in] (m a multiple of alignment()), x [T, n_in], into y [T, m]:
+    the weight's rows cut into nearly equal blocks of about `elements` weights (a multiple of
+    alignment() rows each), one gemv per block and row, block-major, so that a block is read from
+    memory once and from cache for the other rows."""
     m, n_in = weight.shape
     if m == 0:
         return
     T, a = x.shape[0], alignment()
-    cols = min(m, a * max(1, tuning().block_elements // (a * n_in)))
+    n_blocks = max(1, round(m * n_in / max(elements, 1)))
+    cols = a * -(-m // (a * n_blocks))  # rows of weight per block
     full = m // cols * cols
     for first, blocks in ((0, weight[:full].reshape(full // cols, cols, n_in)), (full, weight[full:][None])):
         nb, c, _ = blocks.shape
@@ -118,49 +107,54 @@ def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
             y[:, first:first + nb * c] = out[..., 0].transpose(1, 0, 2).reshape(T, nb * c)
 
 
-def _blocked(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
+def _shared(weight: np.ndarray, x: np.ndarray, elements: int) -> np.ndarray:
     """weight [n, n_in] (n a multiple of alignment()) times each row of x [T, n_in] -> [T, n]: the
-    weight's rows split between the threads at multiples of alignment(), each share in blocks."""
+    weight's rows split between minigpt's threads at multiples of alignment(), each share in blocks
+    too small for OpenBLAS to split, so that each call runs whole on the thread that makes it."""
     n, a = weight.shape[0], alignment()
     y = np.empty((x.shape[0], n), np.float32)
     n_threads = threads() if _workers() is not None else 1
     edges = [a * round(i * n / (a * n_threads)) for i in range(n_threads + 1)]
-    futures = [_workers().submit(contextvars.copy_context().run, _gemv_blocks, weight[lo:hi], x, y[:, lo:hi])
+    futures = [_workers().submit(contextvars.copy_context().run, _gemv_blocks, weight[lo:hi], x, y[:, lo:hi], elements)
                for lo, hi in zip(edges[1:-1], edges[2:]) if hi > lo]  # in the caller's context: its np.errstate
-    _gemv_blocks(weight[:edges[1]], x, y[:, :edges[1]])  # the calling thread's share
+    _gemv_blocks(weight[:edges[1]], x, y[:, :edges[1]], elements)  # the calling thread's share
     for f in futures:
         f.result()
     return y
 
 
-def _per_row(weight: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """weight [n, n_in] (n a multiple of alignment()) times each row of x [T, n_in] -> [T, n] for few
-    rows: L3-sized blocks of weight rows (GPT-2 small's block matrices are one block each), each block
-    times each row by one gemv that BLAS splits between its threads; the rows after the first read
-    the block from cache."""
-    n, n_in = weight.shape
-    a = alignment()
-    cols = max(a, tuning().l3_block_elements // (a * n_in) * a)
-    y = np.empty((x.shape[0], n), np.float32)
-    for lo in range(0, n, cols):
-        y[:, lo:lo + cols] = np.matmul(weight[lo:lo + cols][None], x[:, :, None])[..., 0]  # T x ([c, n_in] @ [n_in])
+def _split_by_blas(weight: np.ndarray, x: np.ndarray, elements: int) -> np.ndarray:
+    """weight [n, n_in] (n a multiple of alignment()) times each row of x [T, n_in] -> [T, n]: in
+    blocks that OpenBLAS splits between its threads, each thread's share of a block read from memory
+    once and from its cache for the other rows."""
+    y = np.empty((x.shape[0], weight.shape[0]), np.float32)
+    _gemv_blocks(weight, x, y, elements)
     return y
 
 
 def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """x [T, n_in] times weight [n_out, n_in] (+ bias) -> [T, n_out], by matrix-vector products only."""
     T, n_in = x.shape
-    n_out, a = weight.shape[0], alignment()
+    n_out, a, cut = weight.shape[0], alignment(), tuning()
     x = np.ascontiguousarray(x)
     head = n_out - n_out % a  # outputs in calls of a multiple of `a`
     y = np.empty((T, n_out), np.float32)
     if head:
-        y[:, :head] = (_blocked if T >= tuning().many_rows else _per_row)(weight[:head], x)  # [T, head]
+        if T >= cut.shared_rows:
+            y[:, :head] = _shared(weight[:head], x, cut.shared_block)  # [T, head]
+        else:
+            y[:, :head] = _split_by_blas(weight[:head], x, cut.row_block if T == 1 else cut.rows_block)
     if head < n_out:  # the last n_out % a outputs, from a zero-padded a-row copy of their weights
         tail = np.zeros((a, n_in), np.float32)
         tail[:n_out - head] = weight[head:]
         y[:, head:] = np.matmul(tail[None], x[:, :, None])[:, :n_out - head, 0]  # T x ([a, n_in] @ [n_in, 1])
     return y if bias is None else y + bias
+
+
+def fast_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """layers.linear (one gemm for all rows) from tuning().gemm_rows rows on; for fewer rows, where
+    OpenBLAS's gemm is slower than a gemv per row, exact_linear."""
+    return linear(x, weight, bias) if x.shape[0] >= tuning().gemm_rows else exact_linear(x, weight, bias)
 
 
 class _Unit(NamedTuple):
@@ -169,13 +163,15 @@ class _Unit(NamedTuple):
     rows: slice  # in q
     first: int  # the position of its first row
     n_pages: int  # pages attended: keys 0 .. PAGE * n_pages - 1
-    pages: list[tuple[np.ndarray, np.ndarray]]  # those keys and values, in runs of whole pages
+    pages: list[tuple[np.ndarray, np.ndarray]]  # those keys and values, in runs of whole pages [H, PAGE * p, hd]
 
 
 def _whole_pages(segments: Segments) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """A sequence's S keys and values as runs of whole pages, each key's row contiguous (a cache's
     are; those computed in the forward are copied): every complete page as it is, then the last,
-    incomplete page (S % PAGE keys) copied into a page of zeros. Returns (runs, S)."""
+    incomplete page (S % PAGE keys) copied into a page of zeros, so that no slot past S is read
+    (and a gemv is always over whole pages: its bits for one key depend on how many it computes
+    modulo four). Returns (runs, S)."""
     runs, S = [], 0
     for k, v in segments:
         S += k.shape[1]
@@ -197,9 +193,8 @@ def _cut(runs: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[tuple[np.nda
     for k, v in runs:
         if taken >= n:
             break
-        m = min(k.shape[1], n - taken)
-        parts.append((k[:, :m], v[:, :m]))
-        taken += m
+        parts.append((k[:, :n - taken], v[:, :n - taken]))
+        taken += parts[-1][0].shape[1]
     return parts
 
 
@@ -214,82 +209,81 @@ def _groups(parts: list[Queries]) -> list[list[_Unit]]:
         edges = [start, *range((start // PAGE + 1) * PAGE, stop, PAGE), stop]
         to_row = part.rows.start - start  # position -> row of q
         for a, b in zip(edges, edges[1:]):
-            unit = _Unit(slice(a + to_row, b + to_row), a, a // PAGE + 1, _cut(runs, PAGE * (a // PAGE + 1)))
-            if groups[-1] and (rows + b - a) * max(pages, unit.n_pages) > GROUP_ROW_PAGES:
+            n_pages = a // PAGE + 1
+            unit = _Unit(slice(a + to_row, b + to_row), a, n_pages, _cut(runs, PAGE * n_pages))
+            if groups[-1] and (rows + b - a) * max(pages, n_pages) > GROUP_ROW_PAGES:
                 groups.append([])
                 rows = pages = 0
             groups[-1].append(unit)
-            rows, pages = rows + b - a, max(pages, unit.n_pages)
+            rows, pages = rows + b - a, max(pages, n_pages)
     return groups
 
 
 def _add_pages(pages: np.ndarray) -> np.ndarray:
-    """Sum over the third axis by a fixed tree of pairs, ((p0 + p1) + (p2 + p3)) + ...: pages
-    [H, G, P, ...] -> [H, G, ...]; at a level with an odd count the last node moves up alone. A row's
-    pages past its last add nothing: they are -0.0 (x + -0.0 == x for every float x, -0.0 included),
-    or +0.0 in sums of terms >= 0 (the softmax's). So each row's sum is the tree over its own pages
-    alone, however many more the other rows of its group have."""
-    while pages.shape[2] > 1:
-        n = pages.shape[2]
-        up = np.empty(pages.shape[:2] + ((n + 1) // 2,) + pages.shape[3:], pages.dtype)  # P -> ceil(P/2)
-        np.add(pages[:, :, 0:n - 1:2], pages[:, :, 1::2], out=up[:, :, :n // 2])
-        if n % 2:
-            up[:, :, -1] = pages[:, :, -1]
-        pages = up
+    """Sum over the third axis, [H, G, P2, ...] -> [H, G, ...] (P2 a power of two), by a fixed tree:
+    in place, the second half added to the first until one page is left. A row's pages past its
+    last add nothing: they are -0.0 (x + -0.0 == x for every float x, -0.0 included), or +0.0 in
+    sums of terms >= 0 (the softmax's). So each row's sum is the tree over its own pages, padded to
+    its own power of two, however many more the other rows of its group have."""
+    n = pages.shape[2]
+    while n > 1:
+        n //= 2
+        np.add(pages[:, :, :n], pages[:, :, n:2 * n], out=pages[:, :, :n])
     return pages[:, :, 0]
 
 
 def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
-    """Exact attention for one group of units: their rows of out [H, N, hd] are written, and their
-    weights returned, [H, G, L] (G rows; L keys, the group's widest row's)."""
+    """Exact attention for one group of units, consecutive rows of q [H, N, hd]: their rows of out
+    [H, N, hd] are written, and their weights returned, [H, G, L] (G rows; L keys, the widest row's)."""
     n_head, _, head_dim = q.shape
     sizes = [u.rows.stop - u.rows.start for u in units]
-    at = np.cumsum([0] + sizes)  # unit i has rows at[i] .. at[i+1]-1 of the group
-    rows = np.concatenate([np.arange(u.rows.start, u.rows.stop) for u in units])  # [G] rows of q
-    pos = np.concatenate([np.arange(u.first, u.first + n) for u, n in zip(units, sizes)])  # [G] positions
-    P = max(u.n_pages for u in units)
-    G, L = len(rows), PAGE * P
+    at = list(accumulate(sizes, initial=0))  # unit i has rows at[i] .. at[i+1]-1 of the group
+    rows = slice(units[0].rows.start, units[-1].rows.stop)  # [G] rows of q
+    P = int(max(u.n_pages for u in units))
+    P2, G, L = 1 << (P - 1).bit_length(), at[-1], PAGE * P  # P2: pages padded to a power of two
+    pos = np.arange(G) + np.repeat([u.first - a for u, a in zip(units, at)], sizes)  # [G] positions
 
     # pass 1: scores. One gemv per query over each run of its keys, [m, hd] @ [hd] -> [m]: a key's
     # score is one dot product, the same whatever run or group it is computed in.
     scores = np.empty((n_head, G, L), np.float32)  # [H, G, L]
     for u, a, b in zip(units, at, at[1:]):
-        scores[:, a:b, PAGE * u.n_pages:] = -np.inf  # keys past the unit's own
         key = 0
         for k, _ in u.pages:
             m = k.shape[1]
             scores[:, a:b, key:key + m] = np.matmul(k[:, None], q[:, u.rows, :, None])[..., 0]  # [H, n, m]
             key += m
 
-    # pass 2: scale, hide the future, softmax. The maximum does not depend on order; the sum is
-    # taken page by page (16 keys, a fixed order), then over the pages by a fixed tree.
-    scores /= np.float32(math.sqrt(head_dim))
+    # pass 2: hide the future, scale, softmax. The maximum does not depend
+    # on order; the sum is taken page by page (16 keys, a fixed order), then over the pages by a tree.
     np.copyto(scores, -np.inf, where=np.arange(L) > pos[:, None])  # keys after each query: weight exactly 0.0
+    scores /= np.float32(math.sqrt(head_dim))
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
-    page_sums = scores.reshape(n_head, G, P, PAGE).sum(axis=-1)  # [H, G, P]
-    weights = scores / _add_pages(page_sums)[..., None]  # [H, G, L]
+    sums = np.full((n_head, G, P2), -0.0, np.float32)  # [H, G, P2]
+    scores.reshape(n_head, G, P, PAGE).sum(axis=-1, out=sums[:, :, :P])
+    scores /= _add_pages(sums)[..., None]  # [H, G, L]: the weights
 
     # pass 3: the weighted sum of values, one page (16 keys) at a time: [PAGE] @ [PAGE, hd] -> [hd].
-    partials = np.empty((n_head, G, P, head_dim), np.float32)  # [H, G, P, hd]
+    partials = np.empty((n_head, G, P2, head_dim), np.float32)  # [H, G, P2, hd]
     for u, a, b in zip(units, at, at[1:]):
         partials[:, a:b, u.n_pages:] = -0.0  # pages past the unit's last add nothing
         page = 0
         for _, v in u.pages:
             p = v.shape[1] // PAGE
-            w = weights[:, a:b, page * PAGE:(page + p) * PAGE].reshape(n_head, b - a, p, 1, PAGE)
+            w = scores[:, a:b, page * PAGE:(page + p) * PAGE].reshape(n_head, b - a, p, 1, PAGE)
             partials[:, a:b, page:page + p] = np.matmul(w, v.reshape(n_head, 1, p, PAGE, head_dim))[..., 0, :]
             page += p
 
-    # pass 4: each query's pages added up by the same tree of pairs.
-    out[:, rows] = _add_pages(partials)  # [H, G, P, hd] -> [H, G, hd]
-    return weights
+    # pass 4: each query's pages added up by the same tree.
+    out[:, rows] = _add_pages(partials)  # [H, G, P2, hd] -> [H, G, hd]
+    return scores
 
 
 def exact_attend_batch(q: np.ndarray, parts: list[Queries], record: bool = False):
     """Causal attention for several sequences' query rows at once, each row bitwise independent of
     every other row and of where its keys lie in memory. q [H, N, hd] -> (out [H, N, hd], and with
-    `record` each part's weights [H, T, S], else Nones). Rows go in groups of up to GROUP_ROW_PAGES
+    `record` each part's weights [H, T, S], else Nones); the parts' rows follow each other in q, in
+    order. Rows go in groups of up to GROUP_ROW_PAGES
     rows x pages (a decode batch of short sequences in one group; a long prefill, past its first
     pages, one page of positions per group), each group in four passes (`_attend`)."""
     q = np.ascontiguousarray(q)
@@ -340,4 +334,5 @@ def attend_batch(kernels: Kernels, q: np.ndarray, parts: list[Queries]) -> np.nd
 
 
 EXACT = Kernels("exact", exact_linear, exact_attend, exact_weights)
+FAST = Kernels("fast", fast_linear, attend, attention_weights)  # layers.PLAIN, with gemvs for few rows
 KERNELS = {k.name: k for k in (EXACT, FAST)}

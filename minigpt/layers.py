@@ -1,9 +1,9 @@
 """The layers of a GPT-2 block as pure functions over float32 arrays [T, C] (T positions, C = n_embd).
 
 Two operations decide the order of floating-point sums, and so the last bits of the results: the
-linear map and attention. They are passed in as a `Kernels` set; `FAST` holds the plain NumPy ones
-below, and minigpt.kernels has `EXACT`, which gives every row the same bits whatever else is
-computed with it (docs/exactness.md).
+linear map and attention. They are passed in as a `Kernels` set; `PLAIN` holds the plain NumPy ones
+below; minigpt.kernels has `EXACT`, which gives every row the same bits whatever else is computed
+with it (docs/exactness.md), and `FAST`, these with per-row products where a gemm of few rows is slow.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ GELU_C = math.sqrt(2.0 / math.pi)  # a Python float: NEP 50 keeps float32 arrays
 
 def layer_norm(x: np.ndarray, p: LayerNorm, eps: float) -> np.ndarray:
     """Normalise each row to mean 0, variance 1 (biased, as torch), then scale and shift."""
-    mean = x.mean(axis=-1, keepdims=True)  # [T, C] -> [T, 1]
-    centered = x - mean
-    var = (centered * centered).mean(axis=-1, keepdims=True)  # [T, C] -> [T, 1]
+    n = x.shape[-1]
+    centered = x - x.sum(axis=-1, keepdims=True) / n  # [T, C] - [T, 1] (the mean)
+    var = (centered * centered).sum(axis=-1, keepdims=True) / n  # [T, 1]
     return centered / np.sqrt(var + eps) * p.weight + p.bias
 
 
@@ -66,7 +66,7 @@ class Kernels(NamedTuple):
     weights: Callable  # (q [H, T, hd], k [H, S, hd]) -> [H, T, S], the weights `attend` uses
 
 
-FAST = Kernels("fast", linear, attend, attention_weights)  # what everyone writes; not batch-invariant
+PLAIN = Kernels("plain", linear, attend, attention_weights)  # what everyone writes; not batch-invariant
 
 
 def split_heads(x: np.ndarray, n_head: int) -> np.ndarray:

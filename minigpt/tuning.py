@@ -1,12 +1,14 @@
-"""How the exact kernels cut the weights into blocks, chosen for the machine they run on.
+"""How the kernels cut the weights into blocks, chosen for the machine they run on.
 
 The exact kernels' bits do not depend on how the weights are cut into blocks, nor on which thread
-computes a block (docs/exactness.md, point 3), so the cut can follow the machine: L2-sized blocks
-shared between threads when many rows reuse them, L3-sized ones for a few rows, and the row count
-where one starts to beat the other. Without a measurement they come from the caches the kernel
-reports (sysfs); `python -m minigpt tune` measures this machine on the model's own shapes, in
-seconds, and keeps the choice in the user's cache directory per CPU, BLAS build and thread count,
-as FFTW keeps its wisdom. MINIGPT_TUNING=off ignores a kept choice.
+computes a block (docs/exactness.md, point 3), so the cut can follow the machine: one row takes
+large blocks, which OpenBLAS splits between its threads; several rows take blocks whose share per
+thread stays in that thread's L2 while every row passes over it, split by OpenBLAS when a block is
+large enough for it to split, else shared between minigpt's own threads. The fast kernels switch
+from those per-row products to one gemm at a row count. Without a measurement all of it comes from
+the caches the kernel reports (sysfs); `python -m minigpt tune` measures this machine on the
+model's own shapes, in seconds, and keeps the choice in the user's cache directory per CPU, BLAS
+build and thread count, as FFTW keeps its wisdom. MINIGPT_TUNING=off ignores a kept choice.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -23,13 +25,32 @@ import numpy as np
 MIB = 2**20
 
 
+NEVER = 10**9  # a row count no forward reaches
+OPENBLAS_SPLIT = 460_800  # OpenBLAS splits a gemv between its threads from m x n >= 115200 x 4 weights on
+
+
 @dataclass(frozen=True)
 class Tuning:
-    """exact_linear's cut of the weights; none of it changes a bit of the results."""
+    """How the kernels cut the weights; none of it changes a bit of the exact kernels' results."""
 
-    block_elements: int  # weights per block when many rows share it: a share of L2
-    l3_block_elements: int  # weights per block when few rows share it: a share of L3
-    many_rows: int  # from this many rows on, L2 blocks shared between minigpt's own threads
+    row_block: int  # weights per gemv call for one row (a share of L3): OpenBLAS splits each call
+    rows_block: int  # weights per gemv call for several rows, every row passing over a block in turn
+    shared_block: int  # weights per gemv call when minigpt's own threads share the blocks (a share of L2)
+    shared_rows: int  # from this many rows on, shared blocks rather than rows_block ones (NEVER: never)
+    gemm_rows: int  # the fast kernels: from this many rows on, one gemm per matrix rather than gemvs
+
+
+@cache
+def threads() -> int:
+    """The number of threads OpenBLAS runs, decided as OpenBLAS decides it (once, at start-up): the
+    first of OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS that is set, at most the CPUs
+    this process may run on. minigpt's own worker threads are as many."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) >= 1:
+            return min(int(value), cpus, 64)
+    return min(cpus, 64)
 
 
 def cache_bytes(level: int) -> int | None:
@@ -45,16 +66,18 @@ def cache_bytes(level: int) -> int | None:
 
 
 def machine_default() -> Tuning:
-    """From the caches: blocks of 40% of L2 for many rows, of half of L3 (at most 32 MiB) for few,
-    many rows from 8 (1 MiB and 32 MiB when the kernel reports none)."""
+    """From the caches: one row in blocks of half of L3 (at most 32 MiB); several rows in blocks of
+    60% of L2 per thread, OpenBLAS splitting them, or, when such a block is too small for OpenBLAS
+    to split, shared between minigpt's threads in blocks of 40% of L2; gemm from 16 rows (1 MiB and
+    32 MiB when the kernel reports no caches)."""
     l2, l3 = cache_bytes(2) or MIB, cache_bytes(3) or 32 * MIB
-    return Tuning(int(0.4 * l2) // 4, min(l3 // 2, 32 * MIB) // 4, 8)
+    rows_block = int(0.6 * l2) * threads() // 4
+    return Tuning(min(l3 // 2, 32 * MIB) // 4, rows_block, int(0.4 * l2) // 4,
+                  NEVER if rows_block >= OPENBLAS_SPLIT or threads() == 1 else 2, 16)
 
 
 def key() -> str:
     """What a kept choice is valid for: the CPU, the BLAS build and kernels, the thread count."""
-    from .kernels import threads  # the kernels read their tuning from here: imported when asked
-
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "?") if Path("/proc/cpuinfo").exists() else "?"
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
@@ -104,41 +127,55 @@ def fastest(candidates: dict, run, rounds: int = 5) -> tuple[object, dict]:
 
 
 def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[str, dict]]:
-    """Time exact_linear on a GPT-2 block's four matrices and its LM head at each candidate cut: the
-    fastest cut, and the best seconds of every candidate (decision -> candidate -> seconds)."""
+    """Time the kernels' products on a GPT-2 block's four matrices and its LM head at each candidate
+    cut: the fastest cut, and the best seconds of every candidate (decision -> candidate -> seconds)."""
     from . import kernels
 
     rng = np.random.default_rng(0)
     C = n_embd
     blocks = [rng.standard_normal(shape, dtype=np.float32) for shape in ((3 * C, C), (C, C), (4 * C, C), (C, 4 * C))]
     head = [rng.standard_normal((vocab_size, C), dtype=np.float32)]
-    default = machine_default()
-    l2 = int(2.5 * default.block_elements)  # elements that fill L2
+    choice = machine_default()
+    l2 = choice.shared_block * 5 // 2  # weights that fill one core's L2
 
-    def products(weights, rows: int):
+    def products(weights, rows: int, linear=kernels.exact_linear):
         x = [rng.standard_normal((rows, w.shape[1]), dtype=np.float32) for w in weights]
 
         def run(tuning: Tuning) -> None:
             with kernels.tuned(tuning):
                 for xi, w in zip(x, weights):
-                    kernels.exact_linear(xi, w, None)
+                    linear(xi, w, None)
         return run
 
-    report = {}
-    shares = {f"{share:.0%} of L2": Tuning(int(l2 * share), default.l3_block_elements, 1)
-              for share in (1 / 8, 1 / 4, 2 / 5, 1 / 2, 3 / 4)}
-    block = fastest(shares, products(blocks, 16))
-    report["blocks shared by 16 rows"] = block[1]
-    sizes = {f"{mib} MiB": Tuning(block[0].block_elements, mib * MIB // 4, 10**9) for mib in (2, 4, 8, 16, 32)}
-    l3 = fastest(sizes, products(head, 1))
-    report["blocks of the LM head for 1 row"] = l3[1]
-    many_rows = 10**9  # never, unless shared blocks win at some row count
-    for rows in (2, 3, 4, 6, 8, 12, 16):
-        ways = {f"{rows} rows, per-row gemv": l3[0], f"{rows} rows, shared blocks": Tuning(
-            block[0].block_elements, l3[0].l3_block_elements, 1)}
-        winner, seconds = fastest(ways, products(blocks, rows))
-        report[f"{rows} rows"] = seconds
-        if winner.many_rows == 1:
-            many_rows = rows
-            break
-    return Tuning(block[0].block_elements, l3[0].l3_block_elements, many_rows), report
+    def decide(decision: str, field: str, values: dict, run) -> None:
+        """Set choice's `field` to the fastest of `values` under run."""
+        nonlocal choice
+        choice, report[decision] = fastest({name: replace(choice, **{field: v}) for name, v in values.items()}, run)
+
+    def switch(decision: str, field: str, ways: tuple[str, str], linear) -> None:
+        """Set choice's `field` to the first row count at which the second way beats the first (NEVER: none)."""
+        for rows in (2, 3, 4, 6, 8, 12, 16, 32, 64):
+            decide(f"{decision}, {rows} rows", field, {ways[0]: NEVER, ways[1]: 1}, products(blocks, rows, linear))
+            if getattr(choice, field) == 1:
+                return choice_with(field, rows)
+        choice_with(field, NEVER)
+
+    def choice_with(field: str, value: int) -> None:
+        nonlocal choice
+        choice = replace(choice, **{field: value})
+
+    report: dict[str, dict] = {}
+    decide("blocks of the LM head for 1 row", "row_block", {f"{m} MiB": m * MIB // 4 for m in (2, 4, 8, 16, 32)},
+           products(head, 1))
+    choice_with("shared_rows", NEVER)
+    decide("blocks for 16 rows, split by OpenBLAS", "rows_block",
+           {f"{share:.0%} of L2 per thread": int(l2 * share) * threads() for share in (0.3, 0.45, 0.6, 0.75, 0.9)},
+           products(blocks, 16))
+    if threads() > 1:
+        choice_with("shared_rows", 1)
+        decide("blocks for 16 rows, shared by minigpt's threads", "shared_block",
+               {f"{share:.0%} of L2": int(l2 * share) for share in (1 / 8, 1 / 4, 2 / 5, 1 / 2, 3 / 4)},
+               products(blocks, 16))
+        switch("exact kernels", "shared_rows", ("blocks split by OpenBLAS", "shared blocks"), kernels.exact_linear)
+    switch("fast kernels", "gemm_rows", ("gemv per row", "one gemm"), kernels.fast_linear)
+    return choice, report

@@ -13,8 +13,8 @@ from minigpt.gpt2 import forward
 from minigpt.kernels import exact_linear, tuned
 from minigpt.tuning import Tuning
 
-tunings = st.builds(Tuning, block_elements=st.integers(1, 2**21), l3_block_elements=st.integers(1, 2**23),
-                    many_rows=st.integers(1, 20))
+tunings = st.builds(Tuning, row_block=st.integers(1, 2**23), rows_block=st.integers(1, 2**22),
+                    shared_block=st.integers(1, 2**21), shared_rows=st.integers(1, 20), gemm_rows=st.integers(1, 20))
 
 
 @given(tunings, tunings, st.integers(1, 40), st.integers(1, 300), st.integers(1, 700), st.integers(0, 2**32 - 1))
