@@ -148,13 +148,31 @@ def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> 
         tail = np.zeros((a, n_in), np.float32)
         tail[:n_out - head] = weight[head:]
         y[:, head:] = np.matmul(tail[None], x[:, :, None])[:, :n_out - head, 0]  # T x ([a, n_in] @ [n_in, 1])
-    return y if bias is None else y + bias
+    if bias is not None:
+        y += bias
+    return y
 
 
 def fast_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """layers.linear (one gemm for all rows) from tuning().gemm_rows rows on; for fewer rows, where
     OpenBLAS's gemm is slower than a gemv per row, exact_linear."""
     return linear(x, weight, bias) if x.shape[0] >= tuning().gemm_rows else exact_linear(x, weight, bias)
+
+
+QUERY_BLOCK = 128  # the fast kernels' attention takes a long prefill's queries this many at a time
+
+
+def fast_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """layers.attend for q [H, T, hd] over k, v [H, S, hd], QUERY_BLOCK queries at a time, each block
+    over the keys up to its last position only: a prefill skips most of the future it would mask."""
+    T, S = q.shape[1], k.shape[1]
+    if T <= QUERY_BLOCK:
+        return attend(q, k, v)
+    out = np.empty_like(q)  # [H, T, hd]
+    for lo in range(0, T, QUERY_BLOCK):
+        end = S - T + min(T, lo + QUERY_BLOCK)  # the block's last position + 1
+        out[:, lo:lo + QUERY_BLOCK] = attend(q[:, lo:lo + QUERY_BLOCK], k[:, :end], v[:, :end])
+    return out
 
 
 class _Unit(NamedTuple):
@@ -334,5 +352,5 @@ def attend_batch(kernels: Kernels, q: np.ndarray, parts: list[Queries]) -> np.nd
 
 
 EXACT = Kernels("exact", exact_linear, exact_attend, exact_weights)
-FAST = Kernels("fast", fast_linear, attend, attention_weights)  # layers.PLAIN, with gemvs for few rows
+FAST = Kernels("fast", fast_linear, fast_attend, attention_weights)  # layers.PLAIN's, a few rows and prefill faster
 KERNELS = {k.name: k for k in (EXACT, FAST)}

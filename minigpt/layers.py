@@ -28,14 +28,25 @@ def layer_norm(x: np.ndarray, p: LayerNorm, eps: float) -> np.ndarray:
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
-    """GPT-2's GELU, the tanh approximation (Hugging Face's `gelu_new`)."""
-    return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * x * x * x)))
+    """GPT-2's GELU, the tanh approximation (Hugging Face's `gelu_new`):
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in one temporary array."""
+    t = 0.044715 * x * x
+    t *= x  # 0.044715 x^3
+    t += x
+    t *= GELU_C
+    np.tanh(t, out=t)
+    t += 1.0
+    t *= x
+    t *= 0.5
+    return t
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
     """x [T, n_in] @ weight.T [n_in, n_out] + bias -> [T, n_out]: one BLAS product for all rows."""
     y = x @ weight.T
-    return y if bias is None else y + bias
+    if bias is not None:
+        y += bias
+    return y
 
 
 def attention_weights(q: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -45,11 +56,13 @@ def attention_weights(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     keys 0 .. S - T + i; a later key gets the score -inf, so its weight is exactly 0.
     """
     T, S = q.shape[1], k.shape[1]
-    scores = q @ k.transpose(0, 2, 1) / np.float32(math.sqrt(q.shape[-1]))  # [H, T, S]
-    scores[:, np.arange(S) > np.arange(S - T, S)[:, None]] = -np.inf  # the future: key > query
+    scores = q @ k.transpose(0, 2, 1)  # [H, T, S]
+    scores /= np.float32(math.sqrt(q.shape[-1]))
+    np.copyto(scores, -np.inf, where=np.arange(S) > np.arange(S - T, S)[:, None])  # the future: key > query
     scores -= scores.max(axis=-1, keepdims=True)
-    weights = np.exp(scores)
-    return weights / weights.sum(axis=-1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=-1, keepdims=True)
+    return scores
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:

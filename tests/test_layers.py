@@ -79,9 +79,9 @@ def reference_attention(q, k, v):
 
 
 @pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
-@pytest.mark.parametrize("start, T", [(0, 1), (0, 37), (20, 1), (13, 19)])
+@pytest.mark.parametrize("start, T", [(0, 1), (0, 37), (20, 1), (13, 19), (0, 300), (40, 150)])  # > QUERY_BLOCK
 def test_attention_matches_float64_reference(kernels, start, T, rng):
-    H, hd, capacity = 3, 8, 64
+    H, hd, capacity = 3, 8, 512
     k_buf = np.zeros((H, capacity, hd), np.float32)
     v_buf = np.zeros((H, capacity, hd), np.float32)
     L = start + T

@@ -1,5 +1,6 @@
-"""What every section of the benchmark shares: the machine's description, the bandwidth floor, the
-models, transformers on the same weights, interleaved best-of rounds, and the markdown it writes."""
+"""What every section of the benchmark shares: the machine's description, its ceilings (the model's
+own products timed alone, gemv's best rate, one gemm per matrix), the models, transformers on the
+same weights, interleaved best-of rounds, and the markdown it writes."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import ctypes
 import dataclasses
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -17,14 +20,12 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from minigpt.checkpoint import save_checkpoint
-from minigpt.cost import ARCHITECTURES, estimate
 from minigpt.kernels import FAST, threads as blas_threads
 from minigpt.loading import load
 from minigpt.model import Model
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 REPEATS = 3  # interleaved rounds; the best is kept
-BANDWIDTH_BYTES = 2**30
 T = TypeVar("T")
 
 
@@ -111,37 +112,88 @@ def interleaved(runs: dict[str, Callable[[], T]], rounds: int = REPEATS) -> dict
     return results
 
 
-@cache
-def read_bandwidth() -> dict[str, float]:
-    """Bytes read per second by kernels that stream a 1 GiB float32 array once; sgemv is decode's own
-    pattern. Measured once per run, for every section that needs the floor."""
-    log("read bandwidth ...")
-    a = np.ones(BANDWIDTH_BYTES // 4, np.float32)  # written now: every page is resident
-    half, matrix, x = a.size // 2, a.reshape(-1, 4096), np.ones(4096, np.float32)
-    ways = {"np.sum": lambda: np.sum(a), "np.max": lambda: np.max(a), "sdot (a @ b)": lambda: a[:half] @ a[half:],
-            "sgemv (A @ x)": lambda: matrix @ x}
-    return {name: a.nbytes / best_time(fn) for name, fn in ways.items()}
+def weight_matrices(model: Model) -> list[np.ndarray]:
+    """The matrices one decode step multiplies, in the order it reads them: every block's four and
+    the tied LM head (49 for GPT-2 small)."""
+    return [w for b in model.params.h for w in (b.attn.c_attn.weight, b.attn.c_proj.weight, b.mlp.c_fc.weight,
+                                                b.mlp.c_proj.weight)] + [model.params.wte]
 
 
-def weight_bytes() -> int:
-    """Bytes of weight matrices one GPT-2-small decode step reads (minigpt.cost)."""
-    return estimate(ARCHITECTURES["gpt2"], 1, 1).weight_bytes_per_token
+def multiply_adds(model: Model) -> int:
+    """Multiply-adds of those products for one row."""
+    return sum(w.size for w in weight_matrices(model))
 
 
-def floor_ms() -> float:
-    """The bandwidth floor: ms per decoded token if reading the weights were all it took."""
-    return weight_bytes() / max(read_bandwidth().values()) * 1e3
+def products(linear: Callable, rows: int, model: Model | None = None) -> Callable[[], float]:
+    """A run of the model's own matrix products alone, in sequence, for `rows` rows through `linear`
+    (x [rows, n_in] -> [rows, n_out] for every matrix): no attention, no LayerNorm, no Python of a
+    forward. Returns its seconds."""
+    weights = weight_matrices(model or random_124m())
+    xs = [np.random.default_rng(0).standard_normal((rows, w.shape[1]), dtype=np.float32) for w in weights]
+
+    def run() -> float:
+        start = time.perf_counter()
+        for x, w in zip(xs, weights):
+            linear(x, w, None)
+        return time.perf_counter() - start
+    return run
 
 
-def bandwidth_note() -> str:
-    """The markdown sentence that says how the floor was obtained."""
-    bandwidth, gb = read_bandwidth(), 1e9
-    best = max(bandwidth, key=bandwidth.get)
-    return ("Read bandwidth over a 1 GiB float32 array (best of 5): "
-            + ", ".join(f"{k} {v / gb:.1f} GB/s" for k, v in bandwidth.items())
-            + f". Floor = {weight_bytes():,} bytes (every block weight matrix and the tied LM head, float32, "
-            f"read once per token; biases, LayerNorm vectors and one embedding row left out) / {best}'s "
-            f"{bandwidth[best] / gb:.1f} GB/s = **{floor_ms():.2f} ms/token**.")
+def plain_product(x: np.ndarray, w: np.ndarray, bias: None) -> np.ndarray:
+    """x @ w.T: one BLAS call, gemv for one row and gemm for more."""
+    return x @ w.T
+
+
+GEMV_BLOCKS = (128, 256, 512, 768, 1024, 1536)  # rows of a 768-wide block: 384 KB to 4.5 MB
+
+
+def gemv_rate() -> Callable[[], float]:
+    """A run that finds the best rate this machine's gemv reaches: for blocks of 128 .. 1536 rows of
+    768 weights (384 KB to 4.5 MB), 16 gemvs in a row on the same block (read from memory once, from
+    cache for the other 15), each block once through OpenBLAS's threads and once split between
+    minigpt's threads. Returns the best multiply-adds per second."""
+    rng = np.random.default_rng(0)
+    blocks = [rng.standard_normal((rows, 768), dtype=np.float32) for rows in GEMV_BLOCKS]
+    x = rng.standard_normal((16, 768, 1), dtype=np.float32)
+    workers = ThreadPoolExecutor(blas_threads() - 1) if blas_threads() > 1 else None
+
+    def sixteen(w: np.ndarray) -> None:
+        np.matmul(w[None], x)  # 16 x ([rows, 768] @ [768, 1])
+
+    def run() -> float:
+        best = 0.0
+        for w in blocks:
+            for split in (False, True):
+                start = time.perf_counter()
+                if split and workers is not None:
+                    halves = np.array_split(w, blas_threads())
+                    futures = [workers.submit(sixteen, h) for h in halves[1:]]
+                    sixteen(halves[0])
+                    for f in futures:
+                        f.result()
+                else:
+                    sixteen(w)
+                best = max(best, 16 * w.size / (time.perf_counter() - start))
+        return best
+    return run
+
+
+def median_of(run: Callable[[], float], n: int = 9) -> float:
+    """The median of n runs' seconds (the products' time within one interleaved round)."""
+    return statistics.median(run() for _ in range(n))
+
+
+def read_note(floor_ms: float, model: Model) -> str:
+    """The markdown sentence that says what the floor is and the read bandwidth it means."""
+    return (f"The floor is the model's own one-row products timed alone, in sequence, best kernel set: "
+            f"{len(weight_matrices(model))} matrices, {weight_bytes(model):,} bytes of float32 weights "
+            f"read once each, in {floor_ms:.2f} ms: {weight_bytes(model) / floor_ms / 1e6:.1f} GB/s, the read "
+            f"bandwidth as decode reads. A decode step does these products and more, so no step beats it.")
+
+
+def weight_bytes(model: Model) -> int:
+    """Bytes of the matrices one decode step reads."""
+    return 4 * multiply_adds(model)
 
 
 # ----------------------------------------------------------------------------- the engines
