@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
@@ -112,7 +112,7 @@ def plot_latencies(series: dict[str, list[float]], path: str | Path, title: str,
                title, xlabel="generated token", ylabel="wall time of that token (ms)", floor=floor)
 
 
-def plot_lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], path: str | Path, title: str, *,
+def plot_lines(series: dict[str, tuple[list[float], list[float]]], path: str | Path, title: str, *,
                xlabel: str, ylabel: str, floor: tuple[str, float] | None = None) -> None:
     """A plot of one line per labelled (x values, y values) series, y from 0, and optionally a (label, y)
     floor as a dashed line, written to `path` exactly (format: image_format). The latency plots use it,

@@ -1,4 +1,4 @@
-"""Benchmark minigpt on GPT-2-small shapes: against transformers, the memory-bandwidth floor and itself.
+"""Benchmark minigpt on GPT-2-small shapes: against transformers, this machine's ceilings and itself.
 
     PYTHONPATH=. python scripts/benchmark.py [--only SECTION [SECTION ...]] [--docs docs]
 

@@ -86,15 +86,6 @@ def openblas_core() -> str:
 # ----------------------------------------------------------------------------- measuring
 
 
-def best_time(fn: Callable[[], object], repeats: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def timed(fn: Callable[[], T]) -> tuple[T, float]:
     """fn's result and its wall time in seconds."""
     start = time.perf_counter()

@@ -18,7 +18,7 @@ import numpy as np
 
 from minigpt.api import Engine
 
-from .common import Report, RunInfo, Target, interleaved, log, random_124m, timed
+from .common import Report, RunInfo, interleaved, log, random_124m, timed
 
 TITLE, DOC, BLOCK = "Prefix caching", "prefix-cache.md", "prefix"
 SEED, ROUNDS, MAX_BATCH = 0, 2, 16
