@@ -42,6 +42,15 @@ def minigpt_cached(model: Model, prompt: list[int], n: int) -> tuple[list[int], 
     return result.tokens, result.step_seconds[1:]
 
 
+def bracketed(model: Model, prompt: list[int]) -> tuple[list[int], list[float], float]:
+    """minigpt_cached's tokens and step seconds, with the median seconds of the model's products
+    alone timed just before and just after (the machine's speed drifts within a minute)."""
+    alone = products(model.kernels.linear, 1)
+    before = [alone() for _ in range(5)]
+    tokens, seconds = minigpt_cached(model, prompt, DECODE_TOKENS)
+    return tokens, seconds, statistics.median(before + [alone() for _ in range(5)])
+
+
 def minigpt_naive(model: Model, prompt: list[int], n: int) -> list[float]:
     return generate(model, prompt, n, use_cache=False, stop_at_eos=False).step_seconds
 
@@ -101,29 +110,27 @@ def run() -> Report:
 
     log("decode: cached decode, the products alone and the rest of a step ...")
     context = DECODE_PROMPT + DECODE_TOKENS // 2  # the middle of the decode runs
-    runs: dict[str, Callable] = {name: partial(minigpt_cached, m, short, DECODE_TOKENS) for name, m in engines.items()}
+    runs: dict[str, Callable] = {name: partial(bracketed, m, short) for name, m in engines.items()}
     if hf is not None:
         runs["transformers"] = partial(hf.cached, short, DECODE_TOKENS)
     for name, m in engines.items():
         step, attention = without_products(m, context)
-        runs[f"products {name}"] = partial(median_of, products(m.kernels.linear, 1))
         runs[f"rest {name}"] = partial(median_of, step)
         runs[f"attention {name}"] = partial(median_of, attention)
     runs["products x @ W.T"] = partial(median_of, products(plain_product, 1))
     decode = interleaved(runs)
     reference = decode["minigpt exact"][0][0]
     names = [*engines, *(["transformers"] if hf is not None else [])]
-    step_rounds = {name: [statistics.median(s) for _, s in decode[name]] for name in names}  # per round
+    step_rounds = {name: [statistics.median(r[1]) for r in decode[name]] for name in names}  # per round
     decode_ms = {name: min(r) * 1e3 for name, r in step_rounds.items()}
-    same_tokens = {name: all(tokens == reference for tokens, _ in decode[name]) for name in names}
-    alone = {name: min(decode[f"products {name}"]) * 1e3 for name in engines}
+    same_tokens = {name: all(r[0] == reference for r in decode[name]) for name in names}
+    alone = {name: min(r[2] for r in decode[name]) * 1e3 for name in engines}
     rest = {name: min(decode[f"rest {name}"]) * 1e3 for name in engines}
     attention = {name: min(decode[f"attention {name}"]) * 1e3 for name in engines}
     plain = min(decode["products x @ W.T"]) * 1e3
     floor = min(plain, *alone.values())
-    # the ratio of a step to its products, taken within each round (the machine's speed drifts between rounds)
-    over_products = {name: statistics.median(s / p for s, p in zip(step_rounds[name], decode[f"products {name}"]))
-                     for name in engines}
+    # a step against its products, round by round: the products timed just before and just after the steps
+    over_products = {name: statistics.median(statistics.median(s) / p for _, s, p in decode[name]) for name in engines}
 
     log("decode: cached decode after a 512-token prompt ...")
     flat_runs = side_by_side(hf, minigpt_cached, Transformers.cached, long_prompt, FLAT_TOKENS)
@@ -154,7 +161,8 @@ def run() -> Report:
         {e: f"{v:.2f}" for e, v in decode_ms.items()})
     row("  ÷ transformers", {e: f"{v / decode_ms['transformers']:.2f}x" for e, v in decode_ms.items()}
         if "transformers" in decode_ms else {})
-    row("  its own products alone (49 one-row products in sequence), ms", {e: f"{v:.2f}" for e, v in alone.items()})
+    row("  its own products alone (49 one-row products in sequence, just before and after), ms",
+        {e: f"{v:.2f}" for e, v in alone.items()})
     row("  step ÷ its products alone (median of the rounds' ratios)", {e: f"{v:.2f}x" for e, v in over_products.items()})
     row(f"  step without its products (at {context} positions), ms", {e: f"{v:.2f}" for e, v in rest.items()})
     row("    of which attention (12 layers), ms", {e: f"{v:.2f}" for e, v in attention.items()})
