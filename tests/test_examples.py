@@ -56,6 +56,7 @@ SKIP = [
     ("hf ", "downloads from the Hugging Face Hub: needs the network"),
     ("python -m pytest", "the test suite itself"),
     ("python scripts/benchmark.py", "the benchmark: minutes per section"),
+    ("python -m minigpt tune", "measures this machine and keeps its choice in the user's cache directory"),
     ("python -m minigpt staircase --prompt-tokens 128 --new-tokens 128", "a 128 + 128 staircase: over a minute"),
     ("python -m minigpt staircase --prompt-tokens 512", "a 512-token staircase: over a minute"),
     ("CI=1 python -m pytest", "the test suite itself"),

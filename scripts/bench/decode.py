@@ -1,8 +1,10 @@
 """decode: one sequence, minigpt (exact and fast kernels) against transformers and the products alone.
 
-- cached decode ms/token: the same prompt and number of tokens, greedy, the same thread count;
+- cached decode ms/token: the same prompt and number of tokens, greedy, the same thread count; the
+  two kernel sets in lockstep, one step of each in turn;
 - each kernel set's own products alone: the 49 one-row matrix products of a step, timed in
-  sequence in the same rounds; the floor is the fastest of them (the read bandwidth as decode reads);
+  sequence right after each of its steps; the floor is the fastest of them (the read bandwidth as
+  decode reads);
 - the rest of a step: a step whose products are answered from a table, and of it the attention;
 - prefill tokens/s (512 tokens), exact vs fast (and transformers);
 - flatness: median of the last 16 / first 16 cached steps after a 512-token prompt;
@@ -20,7 +22,9 @@ from typing import Callable
 
 import numpy as np
 
-from minigpt.api import generate
+from minigpt.api import generate, make_request
+from minigpt.loops import cached_steps
+from minigpt.sequence import Sequence
 from minigpt.kv_cache import forward_cached, new_cache
 from minigpt.layers import Kernels
 from minigpt.model import Model
@@ -42,13 +46,26 @@ def minigpt_cached(model: Model, prompt: list[int], n: int) -> tuple[list[int], 
     return result.tokens, result.step_seconds[1:]
 
 
-def bracketed(model: Model, prompt: list[int]) -> tuple[list[int], list[float], float]:
-    """minigpt_cached's tokens and step seconds, with the median seconds of the model's products
-    alone timed just before and just after (the machine's speed drifts within a minute)."""
-    alone = products(model.kernels.linear, 1)
-    before = [alone() for _ in range(5)]
-    tokens, seconds = minigpt_cached(model, prompt, DECODE_TOKENS)
-    return tokens, seconds, statistics.median(before + [alone() for _ in range(5)])
+def lockstep(engines: dict[str, Model], prompt: list[int], n: int) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """Each engine's cached greedy decode of n tokens, one step of each engine in turn, and right after
+    each step that engine's products alone (its 49 one-row matrix products in sequence): per engine,
+    its tokens, the seconds of each step after the first and of each run of its products. A step and
+    its products are timed within milliseconds of each other, so the machine's drift hardly
+    touches their ratio."""
+    loops, seqs = {}, {}
+    for name, m in engines.items():
+        seqs[name] = Sequence(make_request(m, prompt, n, stop_at_eos=False))
+        loops[name] = cached_steps(m, seqs[name])
+    alone = {name: products(m.kernels.linear, 1) for name, m in engines.items()}
+    steps = {name: [] for name in engines}
+    prods = {name: [] for name in engines}
+    for _ in range(n):
+        for name, loop in loops.items():
+            start = time.perf_counter()
+            next(loop)
+            steps[name].append(time.perf_counter() - start)
+            prods[name].append(alone[name]())
+    return {name: (seqs[name].tokens, steps[name][1:], prods[name][1:]) for name in engines}
 
 
 def minigpt_naive(model: Model, prompt: list[int], n: int) -> list[float]:
@@ -110,7 +127,7 @@ def run() -> Report:
 
     log("decode: cached decode, the products alone and the rest of a step ...")
     context = DECODE_PROMPT + DECODE_TOKENS // 2  # the middle of the decode runs
-    runs: dict[str, Callable] = {name: partial(bracketed, m, short) for name, m in engines.items()}
+    runs: dict[str, Callable] = {"minigpt": partial(lockstep, engines, short, DECODE_TOKENS)}
     if hf is not None:
         runs["transformers"] = partial(hf.cached, short, DECODE_TOKENS)
     for name, m in engines.items():
@@ -118,19 +135,22 @@ def run() -> Report:
         runs[f"rest {name}"] = partial(median_of, step)
         runs[f"attention {name}"] = partial(median_of, attention)
     runs["products x @ W.T"] = partial(median_of, products(plain_product, 1))
-    decode = interleaved(runs)
+    measured = interleaved(runs)
+    decode = {name: [r[name] for r in measured["minigpt"]] for name in engines}  # per round (tokens, steps, products)
+    if hf is not None:
+        decode["transformers"] = measured["transformers"]
     reference = decode["minigpt exact"][0][0]
-    names = [*engines, *(["transformers"] if hf is not None else [])]
-    step_rounds = {name: [statistics.median(r[1]) for r in decode[name]] for name in names}  # per round
-    decode_ms = {name: min(r) * 1e3 for name, r in step_rounds.items()}
-    same_tokens = {name: all(r[0] == reference for r in decode[name]) for name in names}
-    alone = {name: min(r[2] for r in decode[name]) * 1e3 for name in engines}
-    rest = {name: min(decode[f"rest {name}"]) * 1e3 for name in engines}
-    attention = {name: min(decode[f"attention {name}"]) * 1e3 for name in engines}
-    plain = min(decode["products x @ W.T"]) * 1e3
+    names = list(decode)
+    decode_ms = {name: min(statistics.median(r[1]) for r in rounds) * 1e3 for name, rounds in decode.items()}
+    same_tokens = {name: all(r[0] == reference for r in rounds) for name, rounds in decode.items()}
+    alone = {name: min(statistics.median(r[2]) for r in decode[name]) * 1e3 for name in engines}
+    rest = {name: min(measured[f"rest {name}"]) * 1e3 for name in engines}
+    attention = {name: min(measured[f"attention {name}"]) * 1e3 for name in engines}
+    plain = min(measured["products x @ W.T"]) * 1e3
     floor = min(plain, *alone.values())
-    # a step against its products, round by round: the products timed just before and just after the steps
-    over_products = {name: statistics.median(statistics.median(s) / p for _, s, p in decode[name]) for name in engines}
+    # a step against its products, step by step (each step's products timed right after it), in the best round
+    over_products = {name: min(statistics.median(s / p for s, p in zip(r[1], r[2])) for r in decode[name])
+                     for name in engines}
 
     log("decode: cached decode after a 512-token prompt ...")
     flat_runs = side_by_side(hf, minigpt_cached, Transformers.cached, long_prompt, FLAT_TOKENS)
@@ -161,9 +181,10 @@ def run() -> Report:
         {e: f"{v:.2f}" for e, v in decode_ms.items()})
     row("  ÷ transformers", {e: f"{v / decode_ms['transformers']:.2f}x" for e, v in decode_ms.items()}
         if "transformers" in decode_ms else {})
-    row("  its own products alone (49 one-row products in sequence, just before and after), ms",
+    row("  its own products alone (49 one-row products in sequence, right after each step), ms",
         {e: f"{v:.2f}" for e, v in alone.items()})
-    row("  step ÷ its products alone (median of the rounds' ratios)", {e: f"{v:.2f}x" for e, v in over_products.items()})
+    row("  step ÷ its products alone (the median over steps of each step's ratio)",
+        {e: f"{v:.2f}x" for e, v in over_products.items()})
     row(f"  step without its products (at {context} positions), ms", {e: f"{v:.2f}" for e, v in rest.items()})
     row("    of which attention (12 layers), ms", {e: f"{v:.2f}" for e, v in attention.items()})
     row(f"  ÷ the floor ({floor:.2f} ms)", {e: f"{v / floor:.2f}x" for e, v in decode_ms.items()})
