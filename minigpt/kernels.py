@@ -1,5 +1,7 @@
 """Exact kernels: matrix products and attention whose every row has the same bits whatever else is
-computed with it, so that the cache, batching, paging and speculation change no bit (part 4).
+computed with it, so that the cache, batching, paging and speculation change no bit (part 4); and
+the fast kernels, layers.PLAIN with a gemv per row where OpenBLAS's gemm of few rows is slow and a
+long prefill's attention a block of queries at a time.
 
 `EXACT` replaces layers.PLAIN's two order-sensitive operations. In short (docs/exactness.md tells
 the whole argument, with its measurements):

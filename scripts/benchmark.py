@@ -5,7 +5,7 @@
 Sections (default: all, in this order), one module each in scripts/bench/:
 
 - decode: one sequence; cached decode, prefill, flatness and the naive loop, minigpt (exact and
-  fast kernels) against transformers and the bandwidth floor (docs/benchmarks.md);
+  fast kernels) against transformers and the model's own products alone (docs/benchmarks.md);
 - batching: aggregate tokens/s at B = 1 .. 32, exact, fast and transformers' batched generate
   (docs/batching.md);
 - paging: 64 mixed requests one by one, and through continuous batching with an ample and a
