@@ -109,12 +109,11 @@ def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray, elements: int
             y[:, first:first + nb * c] = out[..., 0].transpose(1, 0, 2).reshape(T, nb * c)
 
 
-def _shared(weight: np.ndarray, x: np.ndarray, elements: int) -> np.ndarray:
-    """weight [n, n_in] (n a multiple of alignment()) times each row of x [T, n_in] -> [T, n]: the
-    weight's rows split between minigpt's threads at multiples of alignment(), each share in blocks
-    too small for OpenBLAS to split, so that each call runs whole on the thread that makes it."""
+def _shared(weight: np.ndarray, x: np.ndarray, y: np.ndarray, elements: int) -> None:
+    """_gemv_blocks with weight's rows split between minigpt's threads at multiples of alignment(),
+    each share in blocks meant to be too small for OpenBLAS to split, so that each call runs whole
+    on the thread that makes it."""
     n, a = weight.shape[0], alignment()
-    y = np.empty((x.shape[0], n), np.float32)
     n_threads = threads() if _workers() is not None else 1
     edges = [a * round(i * n / (a * n_threads)) for i in range(n_threads + 1)]
     futures = [_workers().submit(contextvars.copy_context().run, _gemv_blocks, weight[lo:hi], x, y[:, lo:hi], elements)
@@ -122,16 +121,6 @@ def _shared(weight: np.ndarray, x: np.ndarray, elements: int) -> np.ndarray:
     _gemv_blocks(weight[:edges[1]], x, y[:, :edges[1]], elements)  # the calling thread's share
     for f in futures:
         f.result()
-    return y
-
-
-def _split_by_blas(weight: np.ndarray, x: np.ndarray, elements: int) -> np.ndarray:
-    """weight [n, n_in] (n a multiple of alignment()) times each row of x [T, n_in] -> [T, n]: in
-    blocks that OpenBLAS splits between its threads, each thread's share of a block read from memory
-    once and from its cache for the other rows."""
-    y = np.empty((x.shape[0], weight.shape[0]), np.float32)
-    _gemv_blocks(weight, x, y, elements)
-    return y
 
 
 def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -141,11 +130,10 @@ def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> 
     x = np.ascontiguousarray(x)
     head = n_out - n_out % a  # outputs in calls of a multiple of `a`
     y = np.empty((T, n_out), np.float32)
-    if head:
-        if T >= cut.shared_rows:
-            y[:, :head] = _shared(weight[:head], x, cut.shared_block)  # [T, head]
-        else:
-            y[:, :head] = _split_by_blas(weight[:head], x, cut.row_block if T == 1 else cut.rows_block)
+    if T >= cut.shared_rows:  # [T, head], in blocks shared between minigpt's threads
+        _shared(weight[:head], x, y[:, :head], cut.shared_block)
+    else:  # in blocks that OpenBLAS splits between its threads, each thread's share read once
+        _gemv_blocks(weight[:head], x, y[:, :head], cut.row_block if T == 1 else cut.rows_block)
     if head < n_out:  # the last n_out % a outputs, from a zero-padded a-row copy of their weights
         tail = np.zeros((a, n_in), np.float32)
         tail[:n_out - head] = weight[head:]
@@ -259,7 +247,7 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     sizes = [u.rows.stop - u.rows.start for u in units]
     at = list(accumulate(sizes, initial=0))  # unit i has rows at[i] .. at[i+1]-1 of the group
     rows = slice(units[0].rows.start, units[-1].rows.stop)  # [G] rows of q
-    P = int(max(u.n_pages for u in units))
+    P = max(u.n_pages for u in units)
     P2, G, L = 1 << (P - 1).bit_length(), at[-1], PAGE * P  # P2: pages padded to a power of two
     pos = np.arange(G) + np.repeat([u.first - a for u, a in zip(units, at)], sizes)  # [G] positions
 
@@ -273,8 +261,8 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
             scores[:, a:b, key:key + m] = np.matmul(k[:, None], q[:, u.rows, :, None])[..., 0]  # [H, n, m]
             key += m
 
-    # pass 2: hide the future, scale, softmax. The maximum does not depend
-    # on order; the sum is taken page by page (16 keys, a fixed order), then over the pages by a tree.
+    # pass 2: hide the future, scale, softmax. The maximum does not depend on order; the sum is
+    # taken page by page (16 keys, a fixed order), then over the pages by a tree.
     np.copyto(scores, -np.inf, where=np.arange(L) > pos[:, None])  # keys after each query: weight exactly 0.0
     scores /= np.float32(math.sqrt(head_dim))
     scores -= scores.max(axis=-1, keepdims=True)
@@ -303,8 +291,7 @@ def exact_attend_batch(q: np.ndarray, parts: list[Queries], record: bool = False
     """Causal attention for several sequences' query rows at once, each row bitwise independent of
     every other row and of where its keys lie in memory. q [H, N, hd] -> (out [H, N, hd], and with
     `record` each part's weights [H, T, S], else Nones); the parts' rows follow each other in q, in
-    order. Rows go in groups of up to GROUP_ROW_PAGES
-    rows x pages (a decode batch of short sequences in one group; a long prefill, past its first
+    order. Rows go in groups of up to GROUP_ROW_PAGES rows x pages (a decode batch of short sequences in one group; a long prefill, past its first
     pages, one page of positions per group), each group in four passes (`_attend`)."""
     q = np.ascontiguousarray(q)
     out = np.empty_like(q)  # [H, N, hd]

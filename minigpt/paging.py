@@ -19,6 +19,7 @@ import math
 import mmap
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Callable
 
 import numpy as np
@@ -261,7 +262,7 @@ def forward_batch(gpt: GPT2, ids_list: list, caches: list, keep: list[int]) -> l
     Returns each sequence's logits, as forward_cached would with logits_to_keep=keep[i] (0: all
     rows): [T_i or keep[i], vocab]."""
     sizes = [len(ids) for ids in ids_list]
-    edges = np.cumsum([0, *sizes])
+    edges = list(accumulate(sizes, initial=0))
     rows = [slice(a, b) for a, b in zip(edges, edges[1:])]
     placements = [placement(cache, n) for cache, n in zip(caches, sizes)]  # once, for every layer
     x = np.concatenate([embed(gpt.params, ids, cache.length) for ids, cache in zip(ids_list, caches)])  # [N, C]

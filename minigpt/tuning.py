@@ -136,7 +136,7 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
     blocks = [rng.standard_normal(shape, dtype=np.float32) for shape in ((3 * C, C), (C, C), (4 * C, C), (C, 4 * C))]
     head = [rng.standard_normal((vocab_size, C), dtype=np.float32)]
     choice = machine_default()
-    l2 = choice.shared_block * 5 // 2  # weights that fill one core's L2
+    l2 = (cache_bytes(2) or MIB) // 4  # weights that fill one core's L2
 
     def products(weights, rows: int, linear=kernels.exact_linear):
         x = [rng.standard_normal((rows, w.shape[1]), dtype=np.float32) for w in weights]
@@ -152,30 +152,28 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
         nonlocal choice
         choice, report[decision] = fastest({name: replace(choice, **{field: v}) for name, v in values.items()}, run)
 
-    def switch(decision: str, field: str, ways: tuple[str, str], linear) -> None:
-        """Set choice's `field` to the first row count at which the second way beats the first (NEVER: none)."""
+    def switch(decision: str, field: str, ways: tuple[str, str], linear) -> int:
+        """The first row count at which the second way beats the first (NEVER: none)."""
         for rows in (2, 3, 4, 6, 8, 12, 16, 32, 64):
             decide(f"{decision}, {rows} rows", field, {ways[0]: NEVER, ways[1]: 1}, products(blocks, rows, linear))
             if getattr(choice, field) == 1:
-                return choice_with(field, rows)
-        choice_with(field, NEVER)
-
-    def choice_with(field: str, value: int) -> None:
-        nonlocal choice
-        choice = replace(choice, **{field: value})
+                return rows
+        return NEVER
 
     report: dict[str, dict] = {}
     decide("blocks of the LM head for 1 row", "row_block", {f"{m} MiB": m * MIB // 4 for m in (2, 4, 8, 16, 32)},
            products(head, 1))
-    choice_with("shared_rows", NEVER)
+    choice = replace(choice, shared_rows=NEVER)
     decide("blocks for 16 rows, split by OpenBLAS", "rows_block",
            {f"{share:.0%} of L2 per thread": int(l2 * share) * threads() for share in (0.3, 0.45, 0.6, 0.75, 0.9)},
            products(blocks, 16))
     if threads() > 1:
-        choice_with("shared_rows", 1)
+        choice = replace(choice, shared_rows=1)
         decide("blocks for 16 rows, shared by minigpt's threads", "shared_block",
                {f"{share:.0%} of L2": int(l2 * share) for share in (1 / 8, 1 / 4, 2 / 5, 1 / 2, 3 / 4)},
                products(blocks, 16))
-        switch("exact kernels", "shared_rows", ("blocks split by OpenBLAS", "shared blocks"), kernels.exact_linear)
-    switch("fast kernels", "gemm_rows", ("gemv per row", "one gemm"), kernels.fast_linear)
+        choice = replace(choice, shared_rows=switch("exact kernels", "shared_rows",
+                                                    ("blocks split by OpenBLAS", "shared blocks"), kernels.exact_linear))
+    choice = replace(choice, gemm_rows=switch("fast kernels", "gemm_rows", ("gemv per row", "one gemm"),
+                                              kernels.fast_linear))
     return choice, report

@@ -81,7 +81,7 @@ def test_under_load_every_answer_is_bitwise_its_solo_generation_and_no_page_is_l
         port = int(url.rsplit(":", 1)[1])
         clock = time.perf_counter()
         with ThreadPoolExecutor(CLIENTS) as pool:
-            answers = list(pool.map(lambda i: send(port, i), range(N_REQUESTS)))
+            answers = list(pool.map(lambda i: send(port, i), range(N_REQUESTS), timeout=600))  # bounded in time too
         wall = time.perf_counter() - clock
         stats = settled(service)
     assert stats["pages_in_use"] == 0 and stats["pages_in_use"] + stats["pages_cached"] + stats["pages_free"] == \

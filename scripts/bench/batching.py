@@ -15,6 +15,7 @@ alone.
 from __future__ import annotations
 
 import statistics
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -58,10 +59,10 @@ def run() -> Report:
     for b in BATCH_SIZES:
         for name, m in engines.items():
             runs[name, b] = lambda m=m, b=b: minigpt_batch(m, b)
-            runs[f"products {name}", b] = lambda m=m, b=b: median_of(products(m.kernels.linear, b), 3)
+            runs[f"products {name}", b] = partial(median_of, products(m.kernels.linear, b), 3)
         if hf is not None:
             runs["transformers", b] = lambda b=b: hf_batch(b)
-        runs["one gemm", b] = lambda b=b: median_of(products(plain_product, b), 3)
+        runs["one gemm", b] = partial(median_of, products(plain_product, b), 3)
     runs["gemv rate", 0] = gemv_rate()
     measured = interleaved(runs)
     rounds = {key: results for key, results in measured.items() if isinstance(results[0], tuple)}

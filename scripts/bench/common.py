@@ -115,11 +115,11 @@ def multiply_adds(model: Model) -> int:
     return sum(w.size for w in weight_matrices(model))
 
 
-def products(linear: Callable, rows: int, model: Model | None = None) -> Callable[[], float]:
+def products(linear: Callable, rows: int) -> Callable[[], float]:
     """A run of the model's own matrix products alone, in sequence, for `rows` rows through `linear`
     (x [rows, n_in] -> [rows, n_out] for every matrix): no attention, no LayerNorm, no Python of a
     forward. Returns its seconds."""
-    weights = weight_matrices(model or random_124m())
+    weights = weight_matrices(random_124m())
     xs = [np.random.default_rng(0).standard_normal((rows, w.shape[1]), dtype=np.float32) for w in weights]
 
     def run() -> float:
