@@ -114,12 +114,21 @@ def keep(tuning: Tuning) -> Path:
     return path
 
 
-def fastest(candidates: dict, run, rounds: int = 5) -> tuple[object, dict]:
+SETTLE = 0.15  # seconds: longer than OpenBLAS's threads spin after a call (2**28 cycles), taking the CPUs
+
+
+def fastest(candidates: dict, run, rounds: int = 5, settle: float = 0.0) -> tuple[object, dict]:
     """The candidate whose run(candidate) took least time, in interleaved rounds (each round times
-    every candidate once, so a machine whose speed drifts slows them alike); and each one's best seconds."""
+    every candidate once, so a machine whose speed drifts slows them alike); and each one's best
+    seconds. With `settle`, a candidate runs untimed for that long before each timing, so that it
+    is timed in its own steady state: minigpt's own threads are slow while OpenBLAS's still spin
+    after the candidate before."""
     best = dict.fromkeys(candidates, float("inf"))
     for _ in range(rounds):
         for name, candidate in candidates.items():
+            until = time.perf_counter() + settle
+            while time.perf_counter() < until:
+                run(candidate)
             start = time.perf_counter()
             run(candidate)
             best[name] = min(best[name], time.perf_counter() - start)
@@ -127,13 +136,17 @@ def fastest(candidates: dict, run, rounds: int = 5) -> tuple[object, dict]:
 
 
 def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[str, dict]]:
-    """Time the kernels' products on a GPT-2 block's four matrices and its LM head at each candidate
-    cut: the fastest cut, and the best seconds of every candidate (decision -> candidate -> seconds)."""
+    """Time the kernels' products on GPT-2 blocks' four matrices (more of them than the L3 holds) and
+    its LM head at each candidate cut: the fastest cut, and the best seconds of every candidate
+    (decision -> candidate -> seconds)."""
     from . import kernels
 
     rng = np.random.default_rng(0)
     C = n_embd
-    blocks = [rng.standard_normal(shape, dtype=np.float32) for shape in ((3 * C, C), (C, C), (4 * C, C), (C, 4 * C))]
+    shapes = ((3 * C, C), (C, C), (4 * C, C), (C, 4 * C))
+    # as many blocks' matrices as twice L3 holds (at most GPT-2 small's 12): read from memory, as decode reads them
+    n_blocks = min(12, -(-2 * (cache_bytes(3) or 32 * MIB) // (48 * C * C)))
+    blocks = [rng.standard_normal(shape, dtype=np.float32) for _ in range(n_blocks) for shape in shapes]
     head = [rng.standard_normal((vocab_size, C), dtype=np.float32)]
     choice = machine_default()
     l2 = (cache_bytes(2) or MIB) // 4  # weights that fill one core's L2
@@ -147,15 +160,17 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
                     linear(xi, w, None)
         return run
 
-    def decide(decision: str, field: str, values: dict, run) -> None:
+    def decide(decision: str, field: str, values: dict, run, **timing) -> None:
         """Set choice's `field` to the fastest of `values` under run."""
         nonlocal choice
-        choice, report[decision] = fastest({name: replace(choice, **{field: v}) for name, v in values.items()}, run)
+        choice, report[decision] = fastest({name: replace(choice, **{field: v}) for name, v in values.items()}, run,
+                                           **timing)
 
-    def switch(decision: str, field: str, ways: tuple[str, str], linear) -> int:
+    def switch(decision: str, field: str, ways: tuple[str, str], linear, **timing) -> int:
         """The first row count at which the second way beats the first (NEVER: none)."""
         for rows in (2, 3, 4, 6, 8, 12, 16, 32, 64):
-            decide(f"{decision}, {rows} rows", field, {ways[0]: NEVER, ways[1]: 1}, products(blocks, rows, linear))
+            decide(f"{decision}, {rows} rows", field, {ways[0]: NEVER, ways[1]: 1}, products(blocks, rows, linear),
+                   **timing)
             if getattr(choice, field) == 1:
                 return rows
         return NEVER
@@ -165,7 +180,7 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
            products(head, 1))
     choice = replace(choice, shared_rows=NEVER)
     decide("blocks for 16 rows, split by OpenBLAS", "rows_block",
-           {f"{share:.0%} of L2 per thread": int(l2 * share) * threads() for share in (0.3, 0.45, 0.6, 0.75, 0.9)},
+           {f"{share:.0%} of L2 per thread": int(l2 * share) * threads() for share in (0.3, 0.6, 0.9, 1.5, 3)},
            products(blocks, 16))
     if threads() > 1:
         choice = replace(choice, shared_rows=1)
@@ -173,7 +188,8 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
                {f"{share:.0%} of L2": int(l2 * share) for share in (1 / 8, 1 / 4, 2 / 5, 1 / 2, 3 / 4)},
                products(blocks, 16))
         choice = replace(choice, shared_rows=switch("exact kernels", "shared_rows",
-                                                    ("blocks split by OpenBLAS", "shared blocks"), kernels.exact_linear))
+                                                    ("blocks split by OpenBLAS", "shared blocks"), kernels.exact_linear,
+                                                    rounds=3, settle=SETTLE))
     choice = replace(choice, gemm_rows=switch("fast kernels", "gemm_rows", ("gemv per row", "one gemm"),
-                                              kernels.fast_linear))
+                                              kernels.fast_linear, rounds=3, settle=SETTLE))
     return choice, report
