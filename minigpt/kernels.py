@@ -249,7 +249,7 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     rows = slice(units[0].rows.start, units[-1].rows.stop)  # [G] rows of q
     P = max(u.n_pages for u in units)
     P2, G, L = 1 << (P - 1).bit_length(), at[-1], PAGE * P  # P2: pages padded to a power of two
-    pos = np.arange(G) + np.repeat([u.first - a for u, a in zip(units, at)], sizes)  # [G] positions
+    pos = np.array([u.first + i for u, n in zip(units, sizes) for i in range(n)])  # [G] positions
 
     # pass 1: scores. One gemv per query over each run of its keys, [m, hd] @ [hd] -> [m]: a key's
     # score is one dot product, the same whatever run or group it is computed in.
@@ -258,7 +258,7 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
         key = 0
         for k, _ in u.pages:
             m = k.shape[1]
-            scores[:, a:b, key:key + m] = np.matmul(k[:, None], q[:, u.rows, :, None])[..., 0]  # [H, n, m]
+            np.matmul(k[:, None], q[:, u.rows, :, None], out=scores[:, a:b, key:key + m, None])  # [H, n, m, 1]
             key += m
 
     # pass 2: hide the future, scale, softmax. The maximum does not depend on order; the sum is
@@ -279,7 +279,7 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
         for _, v in u.pages:
             p = v.shape[1] // PAGE
             w = scores[:, a:b, page * PAGE:(page + p) * PAGE].reshape(n_head, b - a, p, 1, PAGE)
-            partials[:, a:b, page:page + p] = np.matmul(w, v.reshape(n_head, 1, p, PAGE, head_dim))[..., 0, :]
+            np.matmul(w, v.reshape(n_head, 1, p, PAGE, head_dim), out=partials[:, a:b, page:page + p, None])
             page += p
 
     # pass 4: each query's pages added up by the same tree.

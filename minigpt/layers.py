@@ -95,7 +95,8 @@ def merge_heads(x: np.ndarray) -> np.ndarray:
 def self_attention(x: np.ndarray, p: Attention, n_head: int, attend: Callable, linear: Callable) -> np.ndarray:
     """Causal self-attention, [T, C] -> [T, C]. `attend(q, k, v)` is given the new positions' queries,
     keys and values and decides which keys they see: these alone, or with a cache's (minigpt.kv_cache)."""
-    q, k, v = np.split(linear(x, p.c_attn.weight, p.c_attn.bias), 3, axis=-1)  # [T, 3C] -> 3 x [T, C]
+    qkv, C = linear(x, p.c_attn.weight, p.c_attn.bias), x.shape[-1]  # [T, 3C]
+    q, k, v = qkv[:, :C], qkv[:, C:2 * C], qkv[:, 2 * C:]  # 3 x [T, C]
     out = attend(split_heads(q, n_head), split_heads(k, n_head), split_heads(v, n_head))  # [H, T, hd]
     return linear(merge_heads(out), p.c_proj.weight, p.c_proj.bias)  # [T, C]
 
