@@ -16,9 +16,10 @@ the whole argument, with its measurements):
 4. `exact_attend` lets query position t see keys 0 .. L(t)-1, L(t) rounded up to a whole page of
    PAGE keys (keys after t get weight +0.0), scores each key by one dot product, sums each page's
    16 terms in a fixed order and the pages by a fixed tree. It takes keys contiguous or as
-   runs of whole pages and pads a sequence's last, incomplete page itself, so no slot past a
-   cache's length is read. A row's bits then depend on its position and its data alone: not on
-   the other rows, nor on how its keys lie in memory.
+   runs of whole pages: a cache's last page whole, in place, when its values past the length are
+   zero bits (the caches keep them so), else that page copied into a page of zeros. A row's bits
+   then depend on its position and its data alone: not on the other rows, nor on how its keys lie
+   in memory.
 """
 
 from __future__ import annotations
@@ -41,15 +42,17 @@ ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (p
 GROUP_ROW_PAGES = 64  # query rows x pages attended together: a decode batch of short sequences is one group
 
 # A sequence's keys and values as runs of positions, in order: [(k, v), ...], each [H, n, hd]; every
-# run but the last holds a whole number of pages.
+# run but the last holds a whole number of pages, and the last ends at the sequence's length or at
+# the end of its page.
 Segments = Sequence[tuple[np.ndarray, np.ndarray]]
 
 
 class Queries(NamedTuple):
-    """One sequence's part of an attention call: its query rows, the last of its S positions, and
-    its keys and values of positions 0 .. S-1."""
+    """One sequence's part of an attention call: its query rows, the last of its `length` positions,
+    and its keys and values of positions 0 .. length-1 (perhaps on to the end of the last page)."""
 
     rows: slice  # its rows in q [H, N, hd]
+    length: int
     segments: Segments
 
 
@@ -174,25 +177,28 @@ class _Unit(NamedTuple):
     pages: list[tuple[np.ndarray, np.ndarray]]  # those keys and values, in runs of whole pages [H, PAGE * p, hd]
 
 
-def _whole_pages(segments: Segments) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """A sequence's S keys and values as runs of whole pages, each key's row contiguous (a cache's
-    are; those computed in the forward are copied): every complete page as it is, then the last,
-    incomplete page (S % PAGE keys) copied into a page of zeros, so that no slot past S is read
-    (and a gemv is always over whole pages: its bits for one key depend on how many it computes
-    modulo four). Returns (runs, S)."""
-    runs, S = [], 0
+    are; those computed in the forward are copied), so that a gemv is always over whole pages (its
+    bits for one key depend on how many it computes modulo four). Runs that end at a page's end
+    are taken as they are when the values past S are zero bits (the caches keep them so); else the
+    last page, cut at S, is copied into a page of zeros. Either way a slot past S changes no bit."""
+    runs, held = [], 0
     for k, v in segments:
-        S += k.shape[1]
+        held += k.shape[1]
         runs.append(tuple(a if a.strides[1] == a.shape[2] * a.itemsize else np.ascontiguousarray(a) for a in (k, v)))
     k, v = runs.pop()
-    whole = k.shape[1] - S % PAGE
+    n = k.shape[1] - (held - S)  # the last run's keys before S
+    if held % PAGE == 0 and (held == S or not v[:, n:].view(np.uint32).any()):
+        return [*runs, (k, v)]
+    whole = n - S % PAGE
     if whole:
         runs.append((k[:, :whole], v[:, :whole]))
     if S % PAGE:
         pad = np.zeros((2, k.shape[0], PAGE, k.shape[2]), np.float32)  # [k|v, H, PAGE, hd]
-        pad[0, :, :S % PAGE], pad[1, :, :S % PAGE] = k[:, whole:], v[:, whole:]
+        pad[0, :, :S % PAGE], pad[1, :, :S % PAGE] = k[:, whole:n], v[:, whole:n]
         runs.append((pad[0], pad[1]))
-    return runs, S
+    return runs
 
 
 def _cut(runs: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -212,7 +218,7 @@ def _groups(parts: list[Queries]) -> list[list[_Unit]]:
     groups: list[list[_Unit]] = [[]]
     rows = pages = 0
     for part in parts:
-        runs, stop = _whole_pages(part.segments)
+        runs, stop = _whole_pages(part.segments, part.length), part.length
         start = stop - (part.rows.stop - part.rows.start)
         edges = [start, *range((start // PAGE + 1) * PAGE, stop, PAGE), stop]
         to_row = part.rows.start - start  # position -> row of q
@@ -302,8 +308,7 @@ def exact_attend_batch(q: np.ndarray, parts: list[Queries], record: bool = False
             weights.append((units, w))
     if not record:
         return out, [None] * len(parts)
-    full = [np.zeros((q.shape[0], p.rows.stop - p.rows.start, sum(k.shape[1] for k, _ in p.segments)), np.float32)
-            for p in parts]  # [H, T, S] each
+    full = [np.zeros((q.shape[0], p.rows.stop - p.rows.start, p.length), np.float32) for p in parts]  # [H, T, S] each
     row_of = {}  # q row -> (part, its row in the part)
     for i, p in enumerate(parts):
         row_of.update({r: (i, r - p.rows.start) for r in range(p.rows.start, p.rows.stop)})
@@ -320,12 +325,12 @@ def exact_attend_batch(q: np.ndarray, parts: list[Queries], record: bool = False
 
 def exact_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
     """layers.attend's contract, exactly: q [H, T, hd], k and v [H, S, hd] -> [H, T, hd]."""
-    return exact_attend_batch(q, [Queries(slice(0, q.shape[1]), [(k, v)])])[0]
+    return exact_attend_batch(q, [Queries(slice(0, q.shape[1]), k.shape[1], [(k, v)])])[0]
 
 
 def exact_weights(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     """The weights exact_attend gives, [H, T, S] (the values do not change them: k stands in)."""
-    return exact_attend_batch(q, [Queries(slice(0, q.shape[1]), [(k, k)])], record=True)[1][0]
+    return exact_attend_batch(q, [Queries(slice(0, q.shape[1]), k.shape[1], [(k, k)])], record=True)[1][0]
 
 
 def attend_batch(kernels: Kernels, q: np.ndarray, parts: list[Queries]) -> np.ndarray:
@@ -335,7 +340,7 @@ def attend_batch(kernels: Kernels, q: np.ndarray, parts: list[Queries]) -> np.nd
         return exact_attend_batch(q, parts)[0]
     out = np.empty_like(q)
     for p in parts:
-        k, v = (np.concatenate(a, axis=1) if len(a) > 1 else a[0] for a in zip(*p.segments))
+        k, v = ((np.concatenate(a, axis=1) if len(a) > 1 else a[0])[:, :p.length] for a in zip(*p.segments))
         out[:, p.rows] = kernels.attend(q[:, p.rows], k, v)
     return out
 

@@ -29,7 +29,7 @@ class KVCache:
 
     k: np.ndarray  # [n_layer, H, capacity, hd]: keys of positions 0 .. capacity-1
     v: np.ndarray  # [n_layer, H, capacity, hd]
-    length: int = 0  # positions 0 .. length-1 hold keys and values
+    length: int = 0  # positions 0 .. length-1 hold keys and values; the slots after them hold zeros
 
     @property
     def capacity(self) -> int:
@@ -50,9 +50,12 @@ class KVCache:
 
     def truncate(self, length: int) -> None:
         """Forget every position from `length` on (a speculative rollback, or a prefix continued another
-        way); what their slots hold is never read again."""
+        way): their slots are zeroed, as a fresh cache's are (kernels that read whole pages of
+        positions, minigpt.kernels, read the zeros after the length)."""
         if check_int(length, "length", 0) > self.length:
             raise InputError(f"cannot truncate a cache of length {self.length} to {length}")
+        self.k[:, :, length:self.length] = 0
+        self.v[:, :, length:self.length] = 0
         self.length = length
 
     def copy(self) -> KVCache:

@@ -164,8 +164,9 @@ class PagePool:
     def _take(self, wanted: int | None) -> int:
         """A page for one more sequence: a free one, `wanted` if it is free, else the middle of the
         largest free gap (its start when the gap begins the pool), so that sequences stay in few
-        runs; with none free, the least recently used cached page, evicted. It may hold another
-        sequence's old keys: no kernel reads a position past a sequence's length."""
+        runs; with none free, the least recently used cached page, evicted. Its slots are zeroed
+        (another sequence's old keys may be in them): the exact kernels read a sequence's last page
+        whole, in place, when its slots past the sequence's length hold zeros, and copy it if not."""
         if not self.free.any():
             page, _ = self.cached.popitem(last=False)
             del self.by_hash[self.keys.pop(page).hash]
@@ -177,6 +178,8 @@ class PagePool:
             page = wanted
             self.free[page] = False
         self.refs[page] = 1
+        self.k[:, :, page * PAGE:(page + 1) * PAGE] = 0
+        self.v[:, :, page * PAGE:(page + 1) * PAGE] = 0
         return page
 
 
@@ -205,20 +208,22 @@ class PagedCache:
     def nbytes(self) -> int:
         return len(self.pages) * self.pool.page_bytes
 
-    def slots(self, start: int, stop: int) -> np.ndarray:
-        """The pool slots of positions start .. stop-1."""
+    def slots(self, start: int, stop: int) -> np.ndarray | slice:
+        """The pool slots of positions start .. stop-1: a slice when they follow each other (a
+        decode step's one position; a prefill's within a run of pages), which is faster to write."""
         positions = np.arange(start, stop)
-        return np.asarray(self.pages)[positions // PAGE] * PAGE + positions % PAGE
+        slots = np.asarray(self.pages)[positions // PAGE] * PAGE + positions % PAGE
+        return slice(int(slots[0]), int(slots[-1]) + 1) if slots.size and (np.diff(slots) == 1).all() else slots
 
     def runs(self, n: int) -> list[tuple[int, int]]:
-        """The pool slot ranges [a, b) of positions 0 .. n-1, one per run of consecutive pages."""
+        """The pool slot ranges [a, b) of the whole pages that hold positions 0 .. n-1, one per run
+        of consecutive pages."""
         runs: list[list[int]] = []
         for page in self.pages[:pages_for(n)]:
             if runs and runs[-1][1] == page * PAGE:
                 runs[-1][1] += PAGE
             else:
                 runs.append([page * PAGE, (page + 1) * PAGE])
-        runs[-1][1] -= pages_for(n) * PAGE - n  # the last run ends at position n
         return [(a, b) for a, b in runs]
 
 
@@ -230,7 +235,8 @@ class Placement:
     k: np.ndarray  # [n_layer, H, slots, hd]
     v: np.ndarray
     new: np.ndarray | slice  # the new positions' slots
-    runs: list[tuple[int, int]]  # positions 0 .. end-1, in order
+    length: int  # positions so far, the new ones included
+    runs: list[tuple[int, int]]  # the whole pages of positions 0 .. length-1, in order
 
     def store(self, layer: int, k: np.ndarray, v: np.ndarray) -> Segments:
         """Write the new positions' keys and values [H, T, hd]; the segments of every position so far."""
@@ -239,19 +245,20 @@ class Placement:
 
 
 def placement(cache: KVCache | PagedCache, n: int) -> Placement:
-    """The Placement of n new positions after a cache's: a KVCache's are one contiguous run, a pool's
-    follow its page table."""
+    """The Placement of n new positions after a cache's: a KVCache's are one contiguous run (to the
+    end of its last page, if the cache has room), a pool's follow its page table."""
     start, end = cache.length, cache.length + n
     if isinstance(cache, KVCache):
-        return Placement(cache.k, cache.v, slice(start, end), [(0, end)])
-    return Placement(cache.pool.k, cache.pool.v, cache.slots(start, end), cache.runs(end))
+        whole = PAGE * pages_for(end)
+        return Placement(cache.k, cache.v, slice(start, end), end, [(0, whole if whole <= cache.capacity else end)])
+    return Placement(cache.pool.k, cache.pool.v, cache.slots(start, end), end, cache.runs(end))
 
 
 def batch_attend(layer: int, placements: list[Placement], rows: list[slice], kernels: Kernels) -> Callable:
     """The attend of `layer` for a batch: each sequence's new keys and values stored where it places
     them, then every sequence's queries attend to their own keys, in one call of the kernels."""
     def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, N, hd] each
-        parts = [Queries(r, place.store(layer, k[:, r], v[:, r])) for place, r in zip(placements, rows)]
+        parts = [Queries(r, place.length, place.store(layer, k[:, r], v[:, r])) for place, r in zip(placements, rows)]
         return attend_batch(kernels, q, parts)  # [H, N, hd]
     return attend
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 import minigpt
@@ -130,3 +131,29 @@ def test_finished_sequences_leave_and_waiting_ones_join(model):
     requests, engine = requests_and_pool(model, [[1], [2], [3]], [30, 2, 2], 256, max_batch_size=2)
     order = [i for i, _ in run(engine, requests)]
     assert order == [1, 2, 0]
+
+
+def test_a_page_is_zeroed_when_taken_so_a_last_page_read_whole_reads_no_old_keys(model):
+    """The exact kernels read a sequence's last page whole: a page taken from the pool holds zeros,
+    whatever an earlier sequence left in it (here NaN everywhere), and the logits are those of a
+    fresh pool, bit for bit."""
+    from minigpt.paging import PagePool, forward_batch
+
+    def logits(pool):
+        cache = pool.new_cache()
+        assert pool.grow(cache, 21)
+        return forward_batch(model, [list(range(100, 121))], [cache], [0])[0]
+
+    fresh, stale = PagePool(model.config, 4), PagePool(model.config, 4)
+    stale.k[:], stale.v[:] = np.nan, np.nan
+    assert (logits(stale).view(np.uint32) == logits(fresh).view(np.uint32)).all()
+
+
+def test_a_truncated_cache_holds_zeros_after_its_length(model):
+    """KVCache.truncate zeroes what it forgets, as a fresh cache's slots are: a kernel that reads
+    the cache's last page whole reads zeros past the length."""
+    cache = model.new_cache(40)
+    model.forward(list(range(100, 130)), cache)
+    cache.truncate(18)
+    assert not cache.k[:, :, 18:].any() and not cache.v[:, :, 18:].any()
+    assert cache.k[:, :, :18].any()

@@ -119,11 +119,14 @@ def test_attention_over_pages_scattered_in_runs_equals_one_contiguous_run(kernel
     whole = kernels.attend(q, k, v)
     cuts = [0, 16, 48, 57]  # runs of 1, 2 and part of 1 pages, each its own array
     runs = [(k[:, a:b].copy(), v[:, a:b].copy()) for a, b in zip(cuts, cuts[1:])]
-    paged = attend_batch(kernels, q, [Queries(slice(0, T), runs)])
-    if kernels is EXACT:
-        np.testing.assert_array_equal(paged.view(np.uint32), whole.view(np.uint32))
-    else:
-        assert rel_err(paged, whole) < 1e-6
+    # the same, the last page whole, as a cache holds it: zeros past the length
+    last_page = tuple(np.concatenate([a, np.zeros((H, 7, hd), np.float32)], axis=1) for a in runs[-1])
+    for segments in (runs, runs[:-1] + [last_page]):
+        paged = attend_batch(kernels, q, [Queries(slice(0, T), 57, segments)])
+        if kernels is EXACT:
+            np.testing.assert_array_equal(paged.view(np.uint32), whole.view(np.uint32))
+        else:
+            assert rel_err(paged, whole) < 1e-6
 
 
 def test_exact_attention_of_a_sequence_is_bitwise_the_same_beside_longer_ones(rng):
@@ -137,11 +140,26 @@ def test_exact_attention_of_a_sequence_is_bitwise_the_same_beside_longer_ones(rn
     long_v = rng.standard_normal((H, 320, hd), dtype=np.float32)  # pages reassociate if pads count
     q = rng.standard_normal((H, 3, hd), dtype=np.float32)
     alone = EXACT.attend(q[:, :1], short_k[:, :10], short_v[:, :10])
-    parts = [Queries(slice(0, 1), [(short_k[:, :10], short_v[:, :10])]),
-             Queries(slice(1, 2), [(long_k[:, :311], long_v[:, :311])]),
-             Queries(slice(2, 3), [(long_k[:, :141], long_v[:, :141])])]
+    parts = [Queries(slice(0, 1), 10, [(short_k[:, :10], short_v[:, :10])]),
+             Queries(slice(1, 2), 311, [(long_k[:, :311], long_v[:, :311])]),
+             Queries(slice(2, 3), 141, [(long_k[:, :141], long_v[:, :141])])]
     together = attend_batch(EXACT, q, parts)
     np.testing.assert_array_equal(together[:, :1].view(np.uint32), alone.view(np.uint32))
     for i, p in enumerate(parts[1:], 1):
         single = EXACT.attend(q[:, i:i + 1], *p.segments[0])
         np.testing.assert_array_equal(together[:, i:i + 1].view(np.uint32), single.view(np.uint32))
+
+
+def test_exact_attention_over_a_last_page_holding_old_values_is_bitwise_as_over_zeros(rng):
+    """A cache's last page may hold old values past the length (a length set back by hand, or an
+    error mid-forward): the kernel then copies the page rather than read it whole, so the bits
+    are those of the page padded with zeros, NaN and -0.0 past the length included."""
+    H, hd, S = 2, 8, 21
+    k = rng.standard_normal((H, 32, hd), dtype=np.float32)
+    v = rng.standard_normal((H, 32, hd), dtype=np.float32)
+    q = rng.standard_normal((H, 1, hd), dtype=np.float32)
+    clean = EXACT.attend(q, k[:, :S], v[:, :S])
+    for old in (np.nan, -0.0, 1e30):
+        k[:, S:], v[:, S:] = old, old
+        read = attend_batch(EXACT, q, [Queries(slice(0, 1), S, [(k, v)])])
+        np.testing.assert_array_equal(read.view(np.uint32), clean.view(np.uint32))
