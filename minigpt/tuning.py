@@ -179,9 +179,10 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
     decide("blocks of the LM head for 1 row", "row_block", {f"{m} MiB": m * MIB // 4 for m in (2, 4, 8, 16, 32)},
            products(head, 1))
     choice = replace(choice, shared_rows=NEVER)
-    decide("blocks for 16 rows, split by OpenBLAS", "rows_block",
+    few, many = products(blocks, 2), products(blocks, 16)
+    decide("blocks for 2 rows (x 4) and 16 rows, split by OpenBLAS", "rows_block",
            {f"{share:.0%} of L2 per thread": int(l2 * share) * threads() for share in (0.3, 0.6, 0.9, 1.5, 3)},
-           products(blocks, 16))
+           lambda tuning: [few(tuning) for _ in range(4)] + [many(tuning)])  # a pair and a batch, weighing alike
     if threads() > 1:
         choice = replace(choice, shared_rows=1)
         decide("blocks for 16 rows, shared by minigpt's threads", "shared_block",
