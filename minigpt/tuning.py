@@ -180,9 +180,16 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
            products(head, 1))
     choice = replace(choice, shared_rows=NEVER)
     few, many = products(blocks, 2), products(blocks, 16)
+
+    def pair_and_batch(tuning: Tuning) -> None:
+        """Two rows four times, then sixteen: a pair of sequences and a batch weigh alike."""
+        for _ in range(4):
+            few(tuning)
+        many(tuning)
+
     decide("blocks for 2 rows (x 4) and 16 rows, split by OpenBLAS", "rows_block",
            {f"{share:.0%} of L2 per thread": int(l2 * share) * threads() for share in (0.3, 0.6, 0.9, 1.5, 3)},
-           lambda tuning: [few(tuning) for _ in range(4)] + [many(tuning)])  # a pair and a batch, weighing alike
+           pair_and_batch)
     if threads() > 1:
         choice = replace(choice, shared_rows=1)
         decide("blocks for 16 rows, shared by minigpt's threads", "shared_block",

@@ -33,7 +33,7 @@ def chi_square_rejects(counts: np.ndarray, probs: np.ndarray) -> bool:
     if counts[probs == 0].any():
         return True
     keep = probs > 0
-    n, expected = counts.sum(), probs[keep] / probs[keep].sum() * counts.sum()
+    expected = probs[keep] / probs[keep].sum() * counts.sum()
     statistic = float(((counts[keep] - expected) ** 2 / expected).sum())
     df = keep.sum() - 1
     critical = df * (1 - 2 / (9 * df) + Z_0001 * math.sqrt(2 / (9 * df))) ** 3
