@@ -29,7 +29,6 @@ import contextvars
 import math
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from itertools import accumulate
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -155,9 +154,10 @@ def fast_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> n
 QUERY_BLOCK = 128  # the fast kernels' attention takes a long prefill's queries this many at a time
 
 
-def fast_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+def fast_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int | None = None) -> np.ndarray:
     """layers.attend for q [H, T, hd] over k, v [H, S, hd], QUERY_BLOCK queries at a time, each block
     over the keys up to its last position only: a prefill skips most of the future it would mask."""
+    k, v = k[:, :length], v[:, :length]
     T, S = q.shape[1], k.shape[1]
     if T <= QUERY_BLOCK:
         return attend(q, k, v)
@@ -186,7 +186,9 @@ def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarra
     runs, held = [], 0
     for k, v in segments:
         held += k.shape[1]
-        runs.append(tuple(a if a.strides[1] == a.shape[2] * a.itemsize else np.ascontiguousarray(a) for a in (k, v)))
+        row = k.shape[2] * k.itemsize  # bytes of one key's row
+        runs.append((k if k.strides[1] == row else np.ascontiguousarray(k),
+                     v if v.strides[1] == row else np.ascontiguousarray(v)))
     k, v = runs.pop()
     n = k.shape[1] - (held - S)  # the last run's keys before S
     if held % PAGE == 0 and (held == S or not v[:, n:].view(np.uint32).any()):
@@ -234,15 +236,17 @@ def _groups(parts: list[Queries]) -> list[list[_Unit]]:
 
 
 def _add_pages(pages: np.ndarray) -> np.ndarray:
-    """Sum over the third axis, [H, G, P2, ...] -> [H, G, ...] (P2 a power of two), by a fixed tree:
-    in place, the second half added to the first until one page is left. A row's pages past its
-    last add nothing: they are -0.0 (x + -0.0 == x for every float x, -0.0 included), or +0.0 in
-    sums of terms >= 0 (the softmax's). So each row's sum is the tree over its own pages, padded to
-    its own power of two, however many more the other rows of its group have."""
-    n = pages.shape[2]
+    """Sum over the third axis, [H, G, P2, ...] -> [H, G, ...] (P2 a power of two; pages contiguous),
+    by a fixed tree: in place, the second half added to the first until one page is left. A row's
+    pages past its last add nothing: they are -0.0 (x + -0.0 == x for every float x, -0.0
+    included), or +0.0 in sums of terms >= 0 (the softmax's). So each row's sum is the tree over
+    its own pages, padded to its own power of two, however many more the other rows of its group have."""
+    H, G, n = pages.shape[:3]
+    flat = pages.reshape(H * G, -1)  # [H G, P2 x ...]: each half of the pages is one slice of a row
+    width = flat.shape[1] // n  # numbers per page
     while n > 1:
         n //= 2
-        np.add(pages[:, :, :n], pages[:, :, n:2 * n], out=pages[:, :, :n])
+        np.add(flat[:, :n * width], flat[:, n * width:2 * n * width], out=flat[:, :n * width])
     return pages[:, :, 0]
 
 
@@ -250,17 +254,15 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     """Exact attention for one group of units, consecutive rows of q [H, N, hd]: their rows of out
     [H, N, hd] are written, and their weights returned, [H, G, L] (G rows; L keys, the widest row's)."""
     n_head, _, head_dim = q.shape
-    sizes = [u.rows.stop - u.rows.start for u in units]
-    at = list(accumulate(sizes, initial=0))  # unit i has rows at[i] .. at[i+1]-1 of the group
     rows = slice(units[0].rows.start, units[-1].rows.stop)  # [G] rows of q
     P = max(u.n_pages for u in units)
-    P2, G, L = 1 << (P - 1).bit_length(), at[-1], PAGE * P  # P2: pages padded to a power of two
-    pos = np.array([u.first + i for u, n in zip(units, sizes) for i in range(n)])  # [G] positions
+    P2, G, L = 1 << (P - 1).bit_length(), rows.stop - rows.start, PAGE * P  # P2: pages padded to a power of two
+    spans = [(u, u.rows.start - rows.start, u.rows.stop - rows.start) for u in units]  # unit, its rows a .. b-1
 
     # pass 1: scores. One gemv per query over each run of its keys, [m, hd] @ [hd] -> [m]: a key's
     # score is one dot product, the same whatever run or group it is computed in.
     scores = np.empty((n_head, G, L), np.float32)  # [H, G, L]
-    for u, a, b in zip(units, at, at[1:]):
+    for u, a, b in spans:
         key = 0
         for k, _ in u.pages:
             m = k.shape[1]
@@ -269,18 +271,24 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
 
     # pass 2: hide the future, scale, softmax. The maximum does not depend on order; the sum is
     # taken page by page (16 keys, a fixed order), then over the pages by a tree.
-    np.copyto(scores, -np.inf, where=np.arange(L) > pos[:, None])  # keys after each query: weight exactly 0.0
+    if G == 1:  # keys after the query: weight exactly 0.0
+        scores[:, 0, units[0].first + 1:] = -np.inf
+    else:
+        pos = np.concatenate([np.arange(u.first, u.first + b - a) for u, a, b in spans])  # [G] positions
+        np.copyto(scores, -np.inf, where=np.arange(L) > pos[:, None])
     scores /= np.float32(math.sqrt(head_dim))
-    scores -= scores.max(axis=-1, keepdims=True)
+    scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)
     np.exp(scores, out=scores)
-    sums = np.full((n_head, G, P2), -0.0, np.float32)  # [H, G, P2]
-    scores.reshape(n_head, G, P, PAGE).sum(axis=-1, out=sums[:, :, :P])
+    sums = np.empty((n_head, G, P2), np.float32)  # [H, G, P2]
+    sums[:, :, P:] = -0.0
+    np.add.reduce(scores.reshape(n_head, G, P, PAGE), axis=-1, out=sums[:, :, :P])
     scores /= _add_pages(sums)[..., None]  # [H, G, L]: the weights
 
     # pass 3: the weighted sum of values, one page (16 keys) at a time: [PAGE] @ [PAGE, hd] -> [hd].
     partials = np.empty((n_head, G, P2, head_dim), np.float32)  # [H, G, P2, hd]
-    for u, a, b in zip(units, at, at[1:]):
-        partials[:, a:b, u.n_pages:] = -0.0  # pages past the unit's last add nothing
+    for u, a, b in spans:
+        if u.n_pages < P2:
+            partials[:, a:b, u.n_pages:] = -0.0  # pages past the unit's last add nothing
         page = 0
         for _, v in u.pages:
             p = v.shape[1] // PAGE
@@ -323,9 +331,12 @@ def exact_attend_batch(q: np.ndarray, parts: list[Queries], record: bool = False
     return out, full
 
 
-def exact_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """layers.attend's contract, exactly: q [H, T, hd], k and v [H, S, hd] -> [H, T, hd]."""
-    return exact_attend_batch(q, [Queries(slice(0, q.shape[1]), k.shape[1], [(k, v)])])[0]
+def exact_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int | None = None) -> np.ndarray:
+    """layers.attend's contract, exactly: q [H, T, hd], k and v [H, S, hd] -> [H, T, hd]. Slots
+    past the length that a cache hands (zeros) let its last page be read whole, in place."""
+    S = k.shape[1] if length is None else length
+    end = min(k.shape[1], PAGE * -(-S // PAGE))  # to the end of the last page, if k holds it
+    return exact_attend_batch(q, [Queries(slice(0, q.shape[1]), S, [(k[:, :end], v[:, :end])])])[0]
 
 
 def exact_weights(q: np.ndarray, k: np.ndarray) -> np.ndarray:

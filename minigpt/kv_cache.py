@@ -41,11 +41,12 @@ class KVCache:
 
     def attend(self, layer: int, start: int, kernels: Kernels) -> Callable:
         """The attend of `layer` for new positions from `start` on: store their keys and values,
-        then attend to every key so far."""
+        then attend to every key so far. The kernel is handed the layer's whole store and the
+        length, and reads the keys it needs (the exact kernels read whole pages: minigpt.kernels)."""
         def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
             end = start + q.shape[1]
             self.k[layer, :, start:end], self.v[layer, :, start:end] = k, v
-            return kernels.attend(q, self.k[layer, :, :end], self.v[layer, :, :end])  # keys 0 .. end-1
+            return kernels.attend(q, self.k[layer], self.v[layer], end)  # keys 0 .. end-1 of [H, capacity, hd]
         return attend
 
     def truncate(self, length: int) -> None:

@@ -65,8 +65,10 @@ def attention_weights(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return scores
 
 
-def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Causal attention: each query's weighted sum of the values it sees, [H, T, hd]."""
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int | None = None) -> np.ndarray:
+    """Causal attention: each query's weighted sum of the values it sees, [H, T, hd]. The keys and
+    values are those of positions 0 .. length-1 (default: all S); a cache may hand more slots."""
+    k, v = k[:, :length], v[:, :length]  # [H, S, hd]
     return attention_weights(q, k) @ v  # [H, T, S] @ [H, S, hd] -> [H, T, hd]
 
 
@@ -75,7 +77,7 @@ class Kernels(NamedTuple):
 
     name: str
     linear: Callable  # (x [T, n_in], weight [n_out, n_in], bias [n_out] | None) -> [T, n_out]
-    attend: Callable  # (q [H, T, hd], k [H, S, hd], v [H, S, hd]) -> [H, T, hd]
+    attend: Callable  # (q [H, T, hd], k [H, S, hd], v [H, S, hd], length=S) -> [H, T, hd]
     weights: Callable  # (q [H, T, hd], k [H, S, hd]) -> [H, T, S], the weights `attend` uses
 
 

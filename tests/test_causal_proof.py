@@ -112,7 +112,10 @@ def unmasked_weights(q, k):
 
 
 def test_proof_fails_where_the_mask_leaks(tiny_model):
-    unmasked = Kernels("unmasked", EXACT.linear, lambda q, k, v: unmasked_weights(q, k) @ v, unmasked_weights)
+    def attend(q, k, v, length=None):
+        return unmasked_weights(q, k[:, :length]) @ v[:, :length]
+
+    unmasked = Kernels("unmasked", EXACT.linear, attend, unmasked_weights)
     model = dataclasses.replace(tiny_model, kernels=unmasked)
     proof = prove(model, PROMPT, 3)
     assert not proof.holds

@@ -163,3 +163,22 @@ def test_exact_attention_over_a_last_page_holding_old_values_is_bitwise_as_over_
         k[:, S:], v[:, S:] = old, old
         read = attend_batch(EXACT, q, [Queries(slice(0, 1), S, [(k, v)])])
         np.testing.assert_array_equal(read.view(np.uint32), clean.view(np.uint32))
+
+
+@pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
+def test_attention_handed_a_whole_store_and_a_length_is_bitwise_as_handed_exactly_the_keys(kernels, rng):
+    """A KVCache hands attention its whole store and the length: the exact kernels read the last
+    page in place when its slots past the length hold zeros, copy it when they hold old values
+    (NaN here), and the bits are those of exactly the length's keys either way; past a store that
+    ends inside the page, too."""
+    H, hd = 2, 8
+    q = rng.standard_normal((H, 1, hd), dtype=np.float32)
+    for capacity, S in ((64, 21), (64, 32), (23, 21), (21, 21)):
+        k = rng.standard_normal((H, capacity, hd), dtype=np.float32)
+        v = rng.standard_normal((H, capacity, hd), dtype=np.float32)
+        k[:, S:], v[:, S:] = 0, 0
+        alone = kernels.attend(q, k[:, :S].copy(), v[:, :S].copy())
+        for old in (0.0, np.nan):
+            k[:, S:], v[:, S:] = old, old
+            handed = kernels.attend(q, k, v, S)
+            np.testing.assert_array_equal(handed.view(np.uint32), alone.view(np.uint32))

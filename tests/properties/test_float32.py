@@ -23,8 +23,8 @@ def checking(kernels: Kernels, seen: list) -> Kernels:
         seen.extend((x.dtype, weight.dtype, y.dtype) + (() if bias is None else (bias.dtype,)))
         return y
 
-    def attend(q, k, v):
-        out = kernels.attend(q, k, v)
+    def attend(q, k, v, length=None):
+        out = kernels.attend(q, k, v, length)
         seen.extend((q.dtype, k.dtype, v.dtype, out.dtype))
         return out
 
