@@ -136,9 +136,10 @@ def fastest(candidates: dict, run, rounds: int = 5, settle: float = 0.0) -> tupl
 
 
 def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[str, dict]]:
-    """Time the kernels' products on GPT-2 blocks' four matrices (more of them than the L3 holds) and
-    its LM head at each candidate cut: the fastest cut, and the best seconds of every candidate
-    (decision -> candidate -> seconds)."""
+    """Time the kernels' products at each candidate cut on a GPT-2 decode step's matrices: blocks'
+    four (more of them than the L3 holds, read again until they weigh as GPT-2 small's 12 blocks)
+    and the LM head, whose cut matters as much (it is a third of the step's weights): the fastest
+    cut, and the best seconds of every candidate (decision -> candidate -> seconds)."""
     from . import kernels
 
     rng = np.random.default_rng(0)
@@ -148,6 +149,7 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
     n_blocks = min(12, -(-2 * (cache_bytes(3) or 32 * MIB) // (48 * C * C)))
     blocks = [rng.standard_normal(shape, dtype=np.float32) for _ in range(n_blocks) for shape in shapes]
     head = [rng.standard_normal((vocab_size, C), dtype=np.float32)]
+    step = blocks * max(1, round(12 / n_blocks)) + head  # a decode step's weights, in their proportions
     choice = machine_default()
     l2 = (cache_bytes(2) or MIB) // 4  # weights that fill one core's L2
 
@@ -169,7 +171,7 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
     def switch(decision: str, field: str, ways: tuple[str, str], linear, **timing) -> int:
         """The first row count at which the second way beats the first (NEVER: none)."""
         for rows in (2, 3, 4, 6, 8, 12, 16, 32, 64):
-            decide(f"{decision}, {rows} rows", field, {ways[0]: NEVER, ways[1]: 1}, products(blocks, rows, linear),
+            decide(f"{decision}, {rows} rows", field, {ways[0]: NEVER, ways[1]: 1}, products(step, rows, linear),
                    **timing)
             if getattr(choice, field) == 1:
                 return rows
@@ -179,7 +181,7 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
     decide("blocks of the LM head for 1 row", "row_block", {f"{m} MiB": m * MIB // 4 for m in (2, 4, 8, 16, 32)},
            products(head, 1))
     choice = replace(choice, shared_rows=NEVER)
-    few, many = products(blocks, 2), products(blocks, 16)
+    few, many = products(step, 2), products(step, 16)
 
     def pair_and_batch(tuning: Tuning) -> None:
         """Two rows four times, then sixteen: a pair of sequences and a batch weigh alike."""
@@ -194,7 +196,7 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
         choice = replace(choice, shared_rows=1)
         decide("blocks for 16 rows, shared by minigpt's threads", "shared_block",
                {f"{share:.0%} of L2": int(l2 * share) for share in (1 / 8, 1 / 4, 2 / 5, 1 / 2, 3 / 4)},
-               products(blocks, 16))
+               products(step, 16))
         choice = replace(choice, shared_rows=switch("exact kernels", "shared_rows",
                                                     ("blocks split by OpenBLAS", "shared blocks"), kernels.exact_linear,
                                                     rounds=3, settle=SETTLE))
