@@ -14,7 +14,7 @@ from .common import print_json, table
 def add_parser(sub) -> None:
     p = sub.add_parser("tune", help="measure the exact kernels' block sizes for this machine and keep them",
                        description="Times the exact kernels' matrix products on a GPT-2 size's matrices at "
-                                   "several block sizes and row-count switches (about ten seconds), and keeps the "
+                                   "several block sizes and row-count switches (about twenty seconds), and keeps the "
                                    "fastest for this CPU, BLAS build and thread count in the user's cache "
                                    "directory; every later run uses it (MINIGPT_TUNING=off ignores it). The "
                                    "choice changes no bit of any result, only the speed.")
