@@ -105,8 +105,13 @@ def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray, elements: int
     full = m // cols * cols
     for first, blocks in ((0, weight[:full].reshape(full // cols, cols, n_in)), (full, weight[full:][None])):
         nb, c, _ = blocks.shape
-        if c:
-            # `out` block-major and contiguous: NumPy loops in the order of the output's memory
+        if not c:
+            continue
+        # `out` block-major and contiguous: NumPy loops in the order of the output's memory. One
+        # row of y (its outputs contiguous) is that order already, so the products go straight in.
+        if T == 1:
+            np.matmul(blocks[:, None], x[None, :, :, None], out=y[0, first:first + nb * c].reshape(nb, 1, c, 1))
+        else:
             out = np.matmul(blocks[:, None], x[None, :, :, None])  # nb x T x ([c, n_in] @ [n_in, 1])
             y[:, first:first + nb * c] = out[..., 0].transpose(1, 0, 2).reshape(T, nb * c)
 
