@@ -58,7 +58,8 @@ def attention_weights(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     T, S = q.shape[1], k.shape[1]
     scores = q @ k.transpose(0, 2, 1)  # [H, T, S]
     scores /= np.float32(math.sqrt(q.shape[-1]))
-    np.copyto(scores, -np.inf, where=np.arange(S) > np.arange(S - T, S)[:, None])  # the future: key > query
+    if T > 1:  # the future: key > query (a single query, the last position, has none)
+        np.copyto(scores, -np.inf, where=np.arange(S) > np.arange(S - T, S)[:, None])
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
