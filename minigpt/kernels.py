@@ -241,17 +241,20 @@ def _groups(parts: list[Queries]) -> list[list[_Unit]]:
 
 
 def _add_pages(pages: np.ndarray) -> np.ndarray:
-    """Sum over the third axis, [H, G, P2, ...] -> [H, G, ...] (P2 a power of two; pages contiguous),
-    by a fixed tree: in place, the second half added to the first until one page is left. A row's
-    pages past its last add nothing: they are -0.0 (x + -0.0 == x for every float x, -0.0
-    included), or +0.0 in sums of terms >= 0 (the softmax's). So each row's sum is the tree over
-    its own pages, padded to its own power of two, however many more the other rows of its group have."""
+    """Sum over the third axis, [H, G, P, ...] -> [H, G, ...] (pages contiguous), by a fixed tree
+    over P2, P rounded up to a power of two: in place, the second half of the pages added to the
+    first until one is left, where a page past the P held is -0.0, so that adding it is skipped
+    (x + -0.0 == x for every float x, -0.0 included). A row's own pages past its last are -0.0 too,
+    or +0.0 in sums of terms >= 0 (the softmax's). So each row's sum is the tree over its own
+    pages, padded to its own power of two, however many more the other rows of its group have."""
     H, G, n = pages.shape[:3]
-    flat = pages.reshape(H * G, -1)  # [H G, P2 x ...]: each half of the pages is one slice of a row
-    width = flat.shape[1] // n  # numbers per page
-    while n > 1:
-        n //= 2
-        np.add(flat[:, :n * width], flat[:, n * width:2 * n * width], out=flat[:, :n * width])
+    flat = pages.reshape(H * G, -1)  # [H G, P x ...]: each half of the pages is one slice of a row
+    width, half = flat.shape[1] // n, 1 << (n - 1).bit_length()  # numbers per page; P2
+    while half > 1:
+        half //= 2
+        pairs = n - half  # pages i < pairs have a partner i + half that is held
+        np.add(flat[:, :pairs * width], flat[:, half * width:n * width], out=flat[:, :pairs * width])
+        n = half
     return pages[:, :, 0]
 
 
@@ -261,7 +264,7 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     n_head, _, head_dim = q.shape
     rows = slice(units[0].rows.start, units[-1].rows.stop)  # [G] rows of q
     P = max(u.n_pages for u in units)
-    P2, G, L = 1 << (P - 1).bit_length(), rows.stop - rows.start, PAGE * P  # P2: pages padded to a power of two
+    G, L = rows.stop - rows.start, PAGE * P
     spans = [(u, u.rows.start - rows.start, u.rows.stop - rows.start) for u in units]  # unit, its rows a .. b-1
 
     # pass 1: scores. One gemv per query over each run of its keys, [m, hd] @ [hd] -> [m]: a key's
@@ -284,15 +287,13 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
     scores /= np.float32(math.sqrt(head_dim))
     scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)
     np.exp(scores, out=scores)
-    sums = np.empty((n_head, G, P2), np.float32)  # [H, G, P2]
-    sums[:, :, P:] = -0.0
-    np.add.reduce(scores.reshape(n_head, G, P, PAGE), axis=-1, out=sums[:, :, :P])
+    sums = np.add.reduce(scores.reshape(n_head, G, P, PAGE), axis=-1)  # [H, G, P]
     scores /= _add_pages(sums)[..., None]  # [H, G, L]: the weights
 
     # pass 3: the weighted sum of values, one page (16 keys) at a time: [PAGE] @ [PAGE, hd] -> [hd].
-    partials = np.empty((n_head, G, P2, head_dim), np.float32)  # [H, G, P2, hd]
+    partials = np.empty((n_head, G, P, head_dim), np.float32)  # [H, G, P, hd]
     for u, a, b in spans:
-        if u.n_pages < P2:
+        if u.n_pages < P:
             partials[:, a:b, u.n_pages:] = -0.0  # pages past the unit's last add nothing
         page = 0
         for _, v in u.pages:
@@ -302,23 +303,36 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
             page += p
 
     # pass 4: each query's pages added up by the same tree.
-    out[:, rows] = _add_pages(partials)  # [H, G, P2, hd] -> [H, G, hd]
+    out[:, rows] = _add_pages(partials)  # [H, G, P, hd] -> [H, G, hd]
     return scores
+
+
+def _each_group(q: np.ndarray, groups: list[list[_Unit]], out: np.ndarray) -> list[np.ndarray]:
+    """_attend for every group, the groups dealt out in turn between minigpt's threads: a group's
+    rows are its own, and its bits do not depend on the thread that computes it."""
+    n_threads = min(threads(), len(groups)) if _workers() is not None else 1
+    if n_threads == 1:
+        return [_attend(q, units, out) for units in groups]
+
+    def run(first: int) -> list[np.ndarray]:
+        return [_attend(q, units, out) for units in groups[first::n_threads]]  # [H, G, L] each
+    futures = [_workers().submit(contextvars.copy_context().run, run, i)
+               for i in range(1, n_threads)]  # in the caller's context: its np.errstate
+    shares = [run(0), *(f.result() for f in futures)]  # the calling thread's share, then the others'
+    return [shares[i % n_threads][i // n_threads] for i in range(len(groups))]
 
 
 def exact_attend_batch(q: np.ndarray, parts: list[Queries], record: bool = False):
     """Causal attention for several sequences' query rows at once, each row bitwise independent of
     every other row and of where its keys lie in memory. q [H, N, hd] -> (out [H, N, hd], and with
     `record` each part's weights [H, T, S], else Nones); the parts' rows follow each other in q, in
-    order. Rows go in groups of up to GROUP_ROW_PAGES rows x pages (a decode batch of short sequences in one group; a long prefill, past its first
-    pages, one page of positions per group), each group in four passes (`_attend`)."""
+    order. Rows go in groups of up to GROUP_ROW_PAGES rows x pages (a decode batch of short
+    sequences in one group; a long prefill, past its first pages, one page of positions per group),
+    each group in four passes (`_attend`), the groups dealt between minigpt's threads."""
     q = np.ascontiguousarray(q)
     out = np.empty_like(q)  # [H, N, hd]
-    weights = []
-    for units in _groups(parts):
-        w = _attend(q, units, out)  # [H, G, L]
-        if record:
-            weights.append((units, w))
+    groups = _groups(parts)
+    weights = list(zip(groups, _each_group(q, groups, out)))  # [(units, [H, G, L]), ...]
     if not record:
         return out, [None] * len(parts)
     full = [np.zeros((q.shape[0], p.rows.stop - p.rows.start, p.length), np.float32) for p in parts]  # [H, T, S] each
