@@ -183,17 +183,18 @@ class _Unit(NamedTuple):
 
 
 def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """A sequence's S keys and values as runs of whole pages, each key's row contiguous (a cache's
-    are; those computed in the forward are copied), so that a gemv is always over whole pages (its
-    bits for one key depend on how many it computes modulo four). Runs that end at a page's end
-    are taken as they are when the values past S are zero bits (the caches keep them so); else the
-    last page, cut at S, is copied into a page of zeros. Either way a slot past S changes no bit."""
+    """A sequence's S keys and values as runs of whole pages, laid out as the caches store them: a
+    row of H x hd numbers per position, read head by head ([H, n, hd] views). A gemv is then always
+    over whole pages (its bits for one key depend on how many it computes modulo four) and over
+    rows at the same stride (with a head of one or two numbers, OpenBLAS's sums depend on it too).
+    Keys laid out otherwise (the forward's, inside its qkv) are copied into that layout. Runs that
+    end at a page's end are taken as they are when the values past S are zero bits (the caches keep
+    them so); else the last page, cut at S, is copied into a page of zeros. Either way a slot past
+    S changes no bit."""
     runs, held = [], 0
     for k, v in segments:
         held += k.shape[1]
-        row = k.shape[2] * k.itemsize  # bytes of one key's row
-        runs.append((k if k.strides[1] == row else np.ascontiguousarray(k),
-                     v if v.strides[1] == row else np.ascontiguousarray(v)))
+        runs.append((_rows(k), _rows(v)))
     k, v = runs.pop()
     n = k.shape[1] - (held - S)  # the last run's keys before S
     if held % PAGE == 0 and (held == S or not v[:, n:].view(np.uint32).any()):
@@ -202,10 +203,18 @@ def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarra
     if whole:
         runs.append((k[:, :whole], v[:, :whole]))
     if S % PAGE:
-        pad = np.zeros((2, k.shape[0], PAGE, k.shape[2]), np.float32)  # [k|v, H, PAGE, hd]
-        pad[0, :, :S % PAGE], pad[1, :, :S % PAGE] = k[:, whole:n], v[:, whole:n]
-        runs.append((pad[0], pad[1]))
+        pad = np.zeros((2, PAGE, k.shape[0], k.shape[2]), np.float32)  # [k|v, PAGE, H, hd]
+        pad[0, :S % PAGE], pad[1, :S % PAGE] = k[:, whole:n].transpose(1, 0, 2), v[:, whole:n].transpose(1, 0, 2)
+        runs.append((pad[0].transpose(1, 0, 2), pad[1].transpose(1, 0, 2)))
     return runs
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """a [H, n, hd] as a view of a row per position [n, H, hd]: itself if it is one, else a copy."""
+    H, _, hd = a.shape
+    if a.strides == (hd * a.itemsize, H * hd * a.itemsize, a.itemsize):
+        return a
+    return np.ascontiguousarray(a.transpose(1, 0, 2)).transpose(1, 0, 2)
 
 
 def _cut(runs: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[tuple[np.ndarray, np.ndarray]]:

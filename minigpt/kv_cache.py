@@ -27,13 +27,13 @@ from .layers import Kernels, block
 class KVCache:
     """Mutable on purpose: forward_cached appends to it."""
 
-    k: np.ndarray  # [n_layer, H, capacity, hd]: keys of positions 0 .. capacity-1
-    v: np.ndarray  # [n_layer, H, capacity, hd]
+    k: np.ndarray  # [n_layer, capacity, H, hd]: a row of keys per position 0 .. capacity-1
+    v: np.ndarray  # [n_layer, capacity, H, hd]
     length: int = 0  # positions 0 .. length-1 hold keys and values; the slots after them hold zeros
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[1]
 
     @property
     def nbytes(self) -> int:
@@ -41,12 +41,14 @@ class KVCache:
 
     def attend(self, layer: int, start: int, kernels: Kernels) -> Callable:
         """The attend of `layer` for new positions from `start` on: store their keys and values,
-        then attend to every key so far. The kernel is handed the layer's whole store and the
-        length, and reads the keys it needs (the exact kernels read whole pages: minigpt.kernels)."""
+        then attend to every key so far. The kernel is handed the layer's whole store, seen head by
+        head, and the length, and reads the keys it needs (the exact kernels read whole pages:
+        minigpt.kernels). A position's keys are one row of the store, [H, hd], read in one stretch."""
         def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
             end = start + q.shape[1]
-            self.k[layer, :, start:end], self.v[layer, :, start:end] = k, v
-            return kernels.attend(q, self.k[layer], self.v[layer], end)  # keys 0 .. end-1 of [H, capacity, hd]
+            self.k[layer, start:end], self.v[layer, start:end] = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [T, H, hd]
+            heads = self.k[layer].transpose(1, 0, 2), self.v[layer].transpose(1, 0, 2)  # [H, capacity, hd] views
+            return kernels.attend(q, *heads, end)  # keys 0 .. end-1
         return attend
 
     def truncate(self, length: int) -> None:
@@ -55,8 +57,8 @@ class KVCache:
         positions, minigpt.kernels, read the zeros after the length)."""
         if check_int(length, "length", 0) > self.length:
             raise InputError(f"cannot truncate a cache of length {self.length} to {length}")
-        self.k[:, :, length:self.length] = 0
-        self.v[:, :, length:self.length] = 0
+        self.k[:, length:self.length] = 0
+        self.v[:, length:self.length] = 0
         self.length = length
 
     def copy(self) -> KVCache:
@@ -66,7 +68,7 @@ class KVCache:
 
 def new_cache(config: GPT2Config, capacity: int) -> KVCache:
     """An empty cache for `capacity` positions (np.zeros maps memory lazily: untouched positions cost no RAM)."""
-    shape = (config.n_layer, config.n_head, capacity, config.head_dim)
+    shape = (config.n_layer, capacity, config.n_head, config.head_dim)
     return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
 
 

@@ -39,7 +39,7 @@ def pages_for(n_positions: int) -> int:
 def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     """float32 zeros whose memory the kernel commits 4 KiB at a time, as it is first written: an
     anonymous mapping with transparent huge pages turned off, so that writing one KV page of a
-    large pool costs that page, not a 2 MiB huge page per (layer, head) slab."""
+    large pool costs that page, not a 2 MiB huge page per layer."""
     count = math.prod(shape)
     memory = mmap.mmap(-1, max(4 * count, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
@@ -76,8 +76,8 @@ class PagePool:
     first: what is evicted when the pool needs room), or free."""
 
     def __init__(self, config: GPT2Config, n_pages: int):
-        shape = (config.n_layer, config.n_head, n_pages * PAGE, config.head_dim)
-        self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)  # [n_layer, H, n_pages * PAGE, hd]
+        shape = (config.n_layer, n_pages * PAGE, config.n_head, config.head_dim)
+        self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)  # [n_layer, n_pages * PAGE, H, hd]: a row per slot
         self.refs = np.zeros(n_pages, np.int64)
         self.free = np.ones(n_pages, bool)
         self.cached: OrderedDict[int, None] = OrderedDict()
@@ -178,8 +178,8 @@ class PagePool:
             page = wanted
             self.free[page] = False
         self.refs[page] = 1
-        self.k[:, :, page * PAGE:(page + 1) * PAGE] = 0
-        self.v[:, :, page * PAGE:(page + 1) * PAGE] = 0
+        self.k[:, page * PAGE:(page + 1) * PAGE] = 0
+        self.v[:, page * PAGE:(page + 1) * PAGE] = 0
         return page
 
 
@@ -232,16 +232,32 @@ class Placement:
     """Where one sequence's keys and values lie for one forward, the same in every layer: the store,
     the slots its new positions go to, and the slot ranges of every position so far."""
 
-    k: np.ndarray  # [n_layer, H, slots, hd]
+    k: np.ndarray  # [n_layer, slots, H, hd]
     v: np.ndarray
     new: np.ndarray | slice  # the new positions' slots
     length: int  # positions so far, the new ones included
     runs: list[tuple[int, int]]  # the whole pages of positions 0 .. length-1, in order
 
-    def store(self, layer: int, k: np.ndarray, v: np.ndarray) -> Segments:
-        """Write the new positions' keys and values [H, T, hd]; the segments of every position so far."""
-        self.k[layer][:, self.new], self.v[layer][:, self.new] = k, v
-        return [(self.k[layer, :, a:b], self.v[layer, :, a:b]) for a, b in self.runs]
+    def segments(self, layer: int) -> Segments:
+        """The keys and values of every position so far, head by head: views [H, n, hd] of the store."""
+        return [(self.k[layer, a:b].transpose(1, 0, 2), self.v[layer, a:b].transpose(1, 0, 2)) for a, b in self.runs]
+
+
+def writes(placements: list[Placement], rows: list[slice]) -> list[tuple[Placement, np.ndarray | slice, np.ndarray | slice]]:
+    """Where a forward's new keys and values go, one write per store (a pool's, for all its sequences
+    at once): (a placement in that store, the slots written, the forward's rows that fill them)."""
+    by_store: dict[int, list[tuple[Placement, slice]]] = {}
+    for place, r in zip(placements, rows):
+        by_store.setdefault(id(place.k), []).append((place, r))
+    out = []
+    for group in by_store.values():
+        if len(group) == 1:
+            (place, r), = group
+            out.append((place, place.new, r))
+        else:
+            slots = [np.arange(p.new.start, p.new.stop) if isinstance(p.new, slice) else p.new for p, _ in group]
+            out.append((group[0][0], np.concatenate(slots), np.concatenate([np.arange(r.start, r.stop) for _, r in group])))
+    return out
 
 
 def placement(cache: KVCache | PagedCache, n: int) -> Placement:
@@ -254,11 +270,14 @@ def placement(cache: KVCache | PagedCache, n: int) -> Placement:
     return Placement(cache.pool.k, cache.pool.v, cache.slots(start, end), end, cache.runs(end))
 
 
-def batch_attend(layer: int, placements: list[Placement], rows: list[slice], kernels: Kernels) -> Callable:
-    """The attend of `layer` for a batch: each sequence's new keys and values stored where it places
-    them, then every sequence's queries attend to their own keys, in one call of the kernels."""
+def batch_attend(layer: int, placements: list[Placement], rows: list[slice], stores: list, kernels: Kernels) -> Callable:
+    """The attend of `layer` for a batch: the new keys and values written where `stores` (`writes`)
+    says, then every sequence's queries attend to their own keys, in one call of the kernels."""
     def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, N, hd] each
-        parts = [Queries(r, place.length, place.store(layer, k[:, r], v[:, r])) for place, r in zip(placements, rows)]
+        k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [N, H, hd]: a row per position, as stored
+        for place, slots, r in stores:
+            place.k[layer][slots], place.v[layer][slots] = k[r], v[r]
+        parts = [Queries(r, place.length, place.segments(layer)) for place, r in zip(placements, rows)]
         return attend_batch(kernels, q, parts)  # [H, N, hd]
     return attend
 
@@ -272,9 +291,10 @@ def forward_batch(gpt: GPT2, ids_list: list, caches: list, keep: list[int]) -> l
     edges = list(accumulate(sizes, initial=0))
     rows = [slice(a, b) for a, b in zip(edges, edges[1:])]
     placements = [placement(cache, n) for cache, n in zip(caches, sizes)]  # once, for every layer
+    stores = writes(placements, rows)
     x = np.concatenate([embed(gpt.params, ids, cache.length) for ids, cache in zip(ids_list, caches)])  # [N, C]
     for layer, p in enumerate(gpt.params.h):
-        x = block(x, p, gpt.config, batch_attend(layer, placements, rows, gpt.kernels), gpt.kernels.linear)  # [N, C]
+        x = block(x, p, gpt.config, batch_attend(layer, placements, rows, stores, gpt.kernels), gpt.kernels.linear)  # [N, C]
     for cache, n in zip(caches, sizes):
         cache.length += n
     kept = [min(n, k) if k else n for n, k in zip(sizes, keep)]

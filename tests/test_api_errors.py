@@ -794,9 +794,9 @@ def test_a_cache_from_another_model_is_refused_naming_what_does_not_fit(no_work,
 
 @pytest.mark.parametrize("cache, fault", [
     ({"k": None}, "must be a KVCache"),
-    (minigpt.KVCache(np.zeros((1, 2, 16, 4)), np.zeros((1, 2, 16, 4))), "float32 array"),
+    (minigpt.KVCache(np.zeros((1, 16, 2, 4)), np.zeros((1, 16, 2, 4))), "float32 array"),
     (PagedCache(PagePool(model_of().config, 1), [1]), "page table"),
-    (minigpt.KVCache(np.zeros((1, 2, 16, 4), np.float32), np.zeros((1, 2, 16, 4), np.float32), 17), "length 17"),
+    (minigpt.KVCache(np.zeros((1, 16, 2, 4), np.float32), np.zeros((1, 16, 2, 4), np.float32), 17), "length 17"),
 ], ids=["not-a-cache", "float64-store", "page-outside-store", "length-past-capacity"])
 def test_a_cache_that_is_not_one_is_refused(no_work, cache, fault):
     with pytest.raises(InputError, match=fault):
@@ -954,7 +954,7 @@ def test_encode_takes_text_and_a_tokenizer(tiny_model, tokenizer, text, message)
 ])
 def test_a_cache_whose_store_cannot_hold_keys_and_values_is_refused(no_work, store, fault):
     """Each would be a silent wrong answer (values over keys, two positions in one slot) or a NumPy error."""
-    k, v = np.zeros((1, 2, 32, 4), np.float32), np.zeros((1, 2, 32, 4), np.float32)
+    k, v = np.zeros((1, 32, 2, 4), np.float32), np.zeros((1, 32, 2, 4), np.float32)
     if store == "shared":
         cache = minigpt.KVCache(k, k)
     elif store == "read-only":

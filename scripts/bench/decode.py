@@ -103,7 +103,7 @@ def without_products(model: Model, context: int) -> tuple[Callable[[], float], C
     def attention() -> float:
         start = time.perf_counter()
         for layer in range(model.config.n_layer):
-            kernels.attend(q, cache.k[layer], cache.v[layer], context + 1)  # as the cache hands it
+            kernels.attend(q, cache.k[layer].transpose(1, 0, 2), cache.v[layer].transpose(1, 0, 2), context + 1)  # as the cache hands it
         return time.perf_counter() - start
     return step, attention
 
