@@ -182,3 +182,22 @@ def test_attention_handed_a_whole_store_and_a_length_is_bitwise_as_handed_exactl
             k[:, S:], v[:, S:] = old, old
             handed = kernels.attend(q, k, v, S)
             np.testing.assert_array_equal(handed.view(np.uint32), alone.view(np.uint32))
+
+
+@pytest.mark.parametrize("head_dim", [1, 2, 3, 64])
+def test_exact_attention_is_bitwise_the_same_whatever_the_layout_of_its_keys(head_dim, rng):
+    """Keys and values inside a forward's qkv matrix, contiguous head by head, or as a cache stores
+    them (a row of H x hd numbers per position, zeros after the length): the exact kernel gives the
+    same bits from each, also for heads of one or two numbers, whose sums in OpenBLAS depend on the
+    distance between rows."""
+    H, S, T = 3, 37, 5
+    C = H * head_dim
+    qkv = rng.standard_normal((S, 3 * C), dtype=np.float32)
+    q, k, v = (split_heads(qkv[:, i * C:(i + 1) * C], H) for i in range(3))  # [H, S, hd], rows 3C apart
+    stored = np.zeros((2, 48, H, head_dim), np.float32)  # [k|v, capacity, H, hd]
+    stored[0, :S], stored[1, :S] = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+    layouts = {"qkv": (k, v), "head by head": (k.copy(), v.copy()),
+               "stored": (stored[0].transpose(1, 0, 2), stored[1].transpose(1, 0, 2))}
+    got = {name: EXACT.attend(q[:, -T:], k_, v_, S) for name, (k_, v_) in layouts.items()}
+    for name, out in got.items():
+        np.testing.assert_array_equal(out.view(np.uint32), got["stored"].view(np.uint32), err_msg=name)
