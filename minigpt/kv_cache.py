@@ -46,7 +46,8 @@ class KVCache:
         minigpt.kernels). A position's keys are one row of the store, [H, hd], read in one stretch."""
         def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
             end = start + q.shape[1]
-            self.k[layer, start:end], self.v[layer, start:end] = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [T, H, hd]
+            self.k[layer, start:end] = k.transpose(1, 0, 2)  # [T, H, hd]: a row per new position
+            self.v[layer, start:end] = v.transpose(1, 0, 2)
             heads = self.k[layer].transpose(1, 0, 2), self.v[layer].transpose(1, 0, 2)  # [H, capacity, hd] views
             return kernels.attend(q, *heads, end)  # keys 0 .. end-1
         return attend

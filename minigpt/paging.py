@@ -243,7 +243,10 @@ class Placement:
         return [(self.k[layer, a:b].transpose(1, 0, 2), self.v[layer, a:b].transpose(1, 0, 2)) for a, b in self.runs]
 
 
-def writes(placements: list[Placement], rows: list[slice]) -> list[tuple[Placement, np.ndarray | slice, np.ndarray | slice]]:
+Write = tuple[Placement, np.ndarray | slice, np.ndarray | slice]  # a placement in a store, slots, rows
+
+
+def writes(placements: list[Placement], rows: list[slice]) -> list[Write]:
     """Where a forward's new keys and values go, one write per store (a pool's, for all its sequences
     at once): (a placement in that store, the slots written, the forward's rows that fill them)."""
     by_store: dict[int, list[tuple[Placement, slice]]] = {}
@@ -256,7 +259,8 @@ def writes(placements: list[Placement], rows: list[slice]) -> list[tuple[Placeme
             out.append((place, place.new, r))
         else:
             slots = [np.arange(p.new.start, p.new.stop) if isinstance(p.new, slice) else p.new for p, _ in group]
-            out.append((group[0][0], np.concatenate(slots), np.concatenate([np.arange(r.start, r.stop) for _, r in group])))
+            filled = [np.arange(r.start, r.stop) for _, r in group]
+            out.append((group[0][0], np.concatenate(slots), np.concatenate(filled)))
     return out
 
 
@@ -270,7 +274,8 @@ def placement(cache: KVCache | PagedCache, n: int) -> Placement:
     return Placement(cache.pool.k, cache.pool.v, cache.slots(start, end), end, cache.runs(end))
 
 
-def batch_attend(layer: int, placements: list[Placement], rows: list[slice], stores: list, kernels: Kernels) -> Callable:
+def batch_attend(layer: int, placements: list[Placement], rows: list[slice], stores: list[Write],
+                 kernels: Kernels) -> Callable:
     """The attend of `layer` for a batch: the new keys and values written where `stores` (`writes`)
     says, then every sequence's queries attend to their own keys, in one call of the kernels."""
     def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, N, hd] each
@@ -294,7 +299,8 @@ def forward_batch(gpt: GPT2, ids_list: list, caches: list, keep: list[int]) -> l
     stores = writes(placements, rows)
     x = np.concatenate([embed(gpt.params, ids, cache.length) for ids, cache in zip(ids_list, caches)])  # [N, C]
     for layer, p in enumerate(gpt.params.h):
-        x = block(x, p, gpt.config, batch_attend(layer, placements, rows, stores, gpt.kernels), gpt.kernels.linear)  # [N, C]
+        attend = batch_attend(layer, placements, rows, stores, gpt.kernels)
+        x = block(x, p, gpt.config, attend, gpt.kernels.linear)  # [N, C]
     for cache, n in zip(caches, sizes):
         cache.length += n
     kept = [min(n, k) if k else n for n, k in zip(sizes, keep)]
