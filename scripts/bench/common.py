@@ -115,12 +115,14 @@ def multiply_adds(model: Model) -> int:
     return sum(w.size for w in weight_matrices(model))
 
 
-def products(linear: Callable, rows: int) -> Callable[[], float]:
+def products(linear: Callable, rows: int, head_rows: int | None = None) -> Callable[[], float]:
     """A run of the model's own matrix products alone, in sequence, for `rows` rows through `linear`
-    (x [rows, n_in] -> [rows, n_out] for every matrix): no attention, no LayerNorm, no Python of a
-    forward. Returns its seconds."""
+    (x [rows, n_in] -> [rows, n_out] for every matrix; the LM head's `head_rows`, if given, as a
+    prefill keeping one position's logits): no attention, no LayerNorm, no Python of a forward.
+    Returns its seconds."""
     weights = weight_matrices(random_124m())
-    xs = [np.random.default_rng(0).standard_normal((rows, w.shape[1]), dtype=np.float32) for w in weights]
+    counts = [rows] * (len(weights) - 1) + [rows if head_rows is None else head_rows]
+    xs = [np.random.default_rng(0).standard_normal((n, w.shape[1]), dtype=np.float32) for n, w in zip(counts, weights)]
 
     def run() -> float:
         start = time.perf_counter()
