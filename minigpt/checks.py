@@ -118,7 +118,8 @@ def check_cache(config: GPT2Config, cache: object) -> KVCache | PagedCache:
     wanted = {"n_layer": config.n_layer, "n_head": config.n_head, "head_dim": config.head_dim}
     if made != wanted:
         differ = ", ".join(f"{n} {made[n]} (this model: {wanted[n]})" for n in made if made[n] != wanted[n])
-        raise InputError(f"the cache was made for another model: its {differ}")
+        raise InputError(f"the cache was made for another model: its {differ}; a cache's stores are [n_layer, "
+                         f"positions, n_head, head_dim], its are {k.shape}")
     if n_slots is None and cache.capacity > config.n_positions:
         raise InputError(f"the cache holds {cache.capacity} positions, beyond this model's context of "
                          f"{config.n_positions} (n_positions): it was made for another model")
