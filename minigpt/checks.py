@@ -119,7 +119,7 @@ def check_cache(config: GPT2Config, cache: object) -> KVCache | PagedCache:
     if made != wanted:
         differ = ", ".join(f"{n} {made[n]} (this model: {wanted[n]})" for n in made if made[n] != wanted[n])
         raise InputError(f"the cache was made for another model: its {differ}; a cache's stores are [n_layer, "
-                         f"positions, n_head, head_dim], its are {k.shape}")
+                         f"positions, n_head, head_dim], got {k.shape}")
     if n_slots is None and cache.capacity > config.n_positions:
         raise InputError(f"the cache holds {cache.capacity} positions, beyond this model's context of "
                          f"{config.n_positions} (n_positions): it was made for another model")

@@ -15,9 +15,10 @@ the whole argument, with its measurements):
    the blocks can be sized for the machine's caches, or by measuring it (minigpt.tuning).
 4. `exact_attend` lets query position t see keys 0 .. L(t)-1, L(t) rounded up to a whole page of
    PAGE keys (keys after t get weight +0.0), scores each key by one dot product, sums each page's
-   16 terms in a fixed order and the pages by a fixed tree. It takes keys contiguous or as
-   runs of whole pages: a cache's last page whole, in place, when its values past the length are
-   zero bits (the caches keep them so), else that page copied into a page of zeros. A row's bits
+   16 terms in a fixed order and the pages by a fixed tree. It takes keys in one run or as runs
+   of whole pages, read in place when laid out a row per position, as the caches store them (else
+   copied into that layout); a cache's last page whole, in place, when its values past the length
+   are zero bits (the caches keep them so), else that page copied into a page of zeros. A row's bits
    then depend on its position and its data alone: not on the other rows, nor on how its keys lie
    in memory.
 """
@@ -27,9 +28,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from concurrent.futures import ThreadPoolExecutor
-from functools import cache
-from typing import Iterator, NamedTuple, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from functools import cache, partial
+from typing import Callable, Iterator, NamedTuple, Sequence, TypeVar
 
 import numpy as np
 
@@ -116,6 +117,21 @@ def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray, elements: int
             y[:, first:first + nb * c] = out[..., 0].transpose(1, 0, 2).reshape(T, nb * c)
 
 
+R = TypeVar("R")  # what a call returns
+
+
+def _together(calls: list[Callable[[], R]]) -> list[R]:
+    """Each call's result, the first made by the calling thread and the others by minigpt's worker
+    threads at the same time, each in the caller's context (its np.errstate). Every call has ended
+    when this returns or raises: none goes on writing into shared arrays after an error."""
+    futures = [_workers().submit(contextvars.copy_context().run, call) for call in calls[1:]]
+    try:
+        first = calls[0]()
+    finally:
+        wait(futures)
+    return [first, *(f.result() for f in futures)]
+
+
 def _shared(weight: np.ndarray, x: np.ndarray, y: np.ndarray, elements: int) -> None:
     """_gemv_blocks with weight's rows split between minigpt's threads at multiples of alignment(),
     each share in blocks meant to be too small for OpenBLAS to split, so that each call runs whole
@@ -123,11 +139,7 @@ def _shared(weight: np.ndarray, x: np.ndarray, y: np.ndarray, elements: int) -> 
     n, a = weight.shape[0], alignment()
     n_threads = threads() if _workers() is not None else 1
     edges = [a * round(i * n / (a * n_threads)) for i in range(n_threads + 1)]
-    futures = [_workers().submit(contextvars.copy_context().run, _gemv_blocks, weight[lo:hi], x, y[:, lo:hi], elements)
-               for lo, hi in zip(edges[1:-1], edges[2:]) if hi > lo]  # in the caller's context: its np.errstate
-    _gemv_blocks(weight[:edges[1]], x, y[:, :edges[1]], elements)  # the calling thread's share
-    for f in futures:
-        f.result()
+    _together([partial(_gemv_blocks, weight[lo:hi], x, y[:, lo:hi], elements) for lo, hi in zip(edges, edges[1:])])
 
 
 def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -186,7 +198,7 @@ def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarra
     """A sequence's S keys and values as runs of whole pages, laid out as the caches store them: a
     row of H x hd numbers per position, read head by head ([H, n, hd] views). A gemv is then always
     over whole pages (its bits for one key depend on how many it computes modulo four) and over
-    rows at the same stride (with a head of one or two numbers, OpenBLAS's sums depend on it too).
+    rows at the same stride (with a head of fewer than four numbers, OpenBLAS's sums depend on it too).
     Keys laid out otherwise (the forward's, inside its qkv) are copied into that layout. Runs that
     end at a page's end are taken as they are when the values past S are zero bits (the caches keep
     them so); else the last page, cut at S, is copied into a page of zeros. Either way a slot past
@@ -251,11 +263,12 @@ def _groups(parts: list[Queries]) -> list[list[_Unit]]:
 
 def _add_pages(pages: np.ndarray) -> np.ndarray:
     """Sum over the third axis, [H, G, P, ...] -> [H, G, ...] (pages contiguous), by a fixed tree
-    over P2, P rounded up to a power of two: in place, the second half of the pages added to the
-    first until one is left, where a page past the P held is -0.0, so that adding it is skipped
-    (x + -0.0 == x for every float x, -0.0 included). A row's own pages past its last are -0.0 too,
-    or +0.0 in sums of terms >= 0 (the softmax's). So each row's sum is the tree over its own
-    pages, padded to its own power of two, however many more the other rows of its group have."""
+    over P2 pages, P rounded up to a power of two: in place, the second half of the pages added to
+    the first until one is left. Pages P .. P2-1 are taken as -0.0: those additions change nothing
+    (x + -0.0 == x for every float x, -0.0 included), so they are not made. A row's own pages past
+    its last are -0.0 too, or +0.0 in sums of terms >= 0 (the softmax's). So each row's sum is the
+    tree over its own pages, padded to its own power of two, however many more the other rows of
+    its group have."""
     H, G, n = pages.shape[:3]
     flat = pages.reshape(H * G, -1)  # [H G, P x ...]: each half of the pages is one slice of a row
     width, half = flat.shape[1] // n, 1 << (n - 1).bit_length()  # numbers per page; P2
@@ -325,9 +338,7 @@ def _each_group(q: np.ndarray, groups: list[list[_Unit]], out: np.ndarray) -> li
 
     def run(first: int) -> list[np.ndarray]:
         return [_attend(q, units, out) for units in groups[first::n_threads]]  # [H, G, L] each
-    futures = [_workers().submit(contextvars.copy_context().run, run, i)
-               for i in range(1, n_threads)]  # in the caller's context: its np.errstate
-    shares = [run(0), *(f.result() for f in futures)]  # the calling thread's share, then the others'
+    shares = _together([partial(run, i) for i in range(n_threads)])
     return [shares[i % n_threads][i // n_threads] for i in range(len(groups))]
 
 
@@ -374,7 +385,8 @@ def exact_weights(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 def attend_batch(kernels: Kernels, q: np.ndarray, parts: list[Queries]) -> np.ndarray:
     """kernels.attend for several sequences' rows of q [H, N, hd], each over its own segments: the
-    exact kernel reads them where they lie, in one call; another kernel set, per sequence, joined."""
+    exact kernel in one call, reading them in place (a row per position, as the caches store them);
+    another kernel set, per sequence, joined."""
     if kernels.attend is exact_attend:
         return exact_attend_batch(q, parts)[0]
     out = np.empty_like(q)

@@ -243,24 +243,25 @@ class Placement:
         return [(self.k[layer, a:b].transpose(1, 0, 2), self.v[layer, a:b].transpose(1, 0, 2)) for a, b in self.runs]
 
 
-Write = tuple[Placement, np.ndarray | slice, np.ndarray | slice]  # a placement in a store, slots, rows
+Write = tuple[np.ndarray, np.ndarray, np.ndarray | slice, np.ndarray | slice]  # k and v stores, slots, rows
 
 
 def writes(placements: list[Placement], rows: list[slice]) -> list[Write]:
     """Where a forward's new keys and values go, one write per store (a pool's, for all its sequences
-    at once): (a placement in that store, the slots written, the forward's rows that fill them)."""
+    at once): (its k and v stores [n_layer, slots, H, hd], the slots written, the forward's rows
+    that fill them)."""
     by_store: dict[int, list[tuple[Placement, slice]]] = {}
     for place, r in zip(placements, rows):
         by_store.setdefault(id(place.k), []).append((place, r))
     out = []
     for group in by_store.values():
+        place = group[0][0]
         if len(group) == 1:
-            (place, r), = group
-            out.append((place, place.new, r))
+            out.append((place.k, place.v, place.new, group[0][1]))
         else:
             slots = [np.arange(p.new.start, p.new.stop) if isinstance(p.new, slice) else p.new for p, _ in group]
             filled = [np.arange(r.start, r.stop) for _, r in group]
-            out.append((group[0][0], np.concatenate(slots), np.concatenate(filled)))
+            out.append((place.k, place.v, np.concatenate(slots), np.concatenate(filled)))
     return out
 
 
@@ -280,8 +281,8 @@ def batch_attend(layer: int, placements: list[Placement], rows: list[slice], sto
     says, then every sequence's queries attend to their own keys, in one call of the kernels."""
     def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, N, hd] each
         k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [N, H, hd]: a row per position, as stored
-        for place, slots, r in stores:
-            place.k[layer][slots], place.v[layer][slots] = k[r], v[r]
+        for k_store, v_store, slots, r in stores:
+            k_store[layer][slots], v_store[layer][slots] = k[r], v[r]
         parts = [Queries(r, place.length, place.segments(layer)) for place, r in zip(placements, rows)]
         return attend_batch(kernels, q, parts)  # [H, N, hd]
     return attend

@@ -188,8 +188,8 @@ def test_attention_handed_a_whole_store_and_a_length_is_bitwise_as_handed_exactl
 def test_exact_attention_is_bitwise_the_same_whatever_the_layout_of_its_keys(head_dim, rng):
     """Keys and values inside a forward's qkv matrix, contiguous head by head, or as a cache stores
     them (a row of H x hd numbers per position, zeros after the length): the exact kernel gives the
-    same bits from each, also for heads of one or two numbers, whose sums in OpenBLAS depend on the
-    distance between rows."""
+    same bits from each, also for heads of fewer than four numbers, whose sums in OpenBLAS depend on
+    the distance between rows."""
     H, S, T = 3, 37, 5
     C = H * head_dim
     qkv = rng.standard_normal((S, 3 * C), dtype=np.float32)

@@ -35,11 +35,11 @@ from minigpt.weights import random_params
 assert minigpt_threads() == threads, (minigpt_threads(), threads)
 config = GPT2Config(n_layer=1)
 model = Model(config, random_params(config, seed=1))
-ids = list(range(1000, 1040))
+ids = list(range(1000, 1110))
 h = hashlib.sha256()
 cache = model.new_cache()
-h.update(model.forward(ids[:30], cache).tobytes())           # a prefill: several rows
-for t in ids[30:]:
+h.update(model.forward(ids[:100], cache).tobytes())          # a prefill: attention groups shared by threads
+for t in ids[100:]:
     h.update(model.forward([t], cache).tobytes())             # decode steps: one row
 for r in minigpt.generate_batch(model, [ids[:5], ids[:17], ids[:9]], [6, 3, 5], temperature=[0, 1.0, 0.7],
                                 seed=[None, 1, 2]):

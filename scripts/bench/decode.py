@@ -104,18 +104,20 @@ def without_products(model: Model, context: int) -> tuple[Callable[[], float], C
     def attention() -> float:
         start = time.perf_counter()
         for layer in range(model.config.n_layer):
-            kernels.attend(q, cache.k[layer].transpose(1, 0, 2), cache.v[layer].transpose(1, 0, 2), context + 1)  # as the cache hands it
+            k, v = cache.k[layer].transpose(1, 0, 2), cache.v[layer].transpose(1, 0, 2)  # as the cache hands them
+            kernels.attend(q, k, v, context + 1)
         return time.perf_counter() - start
     return step, attention
 
 
-def side_by_side(hf: Transformers | None, minigpt_fn: Callable, hf_fn: Callable, *args) -> dict[str, list]:
+def side_by_side(hf: Transformers | None, minigpt_fn: Callable, hf_fn: Callable, *args,
+                 more: dict[str, Callable] | None = None) -> dict[str, list]:
     """`minigpt_fn(model, *args)` for both kernel sets and `hf_fn(hf, *args)` when transformers is
-    installed, in interleaved rounds; each engine's results."""
+    installed, with the runs of `more`, in interleaved rounds; each engine's (and run's) results."""
     runs = {name: partial(minigpt_fn, model, *args) for name, model in minigpt_engines().items()}
     if hf is not None:
         runs["transformers"] = partial(hf_fn, hf, *args)
-    return interleaved(runs)
+    return interleaved({**runs, **(more or {})})
 
 
 def run() -> Report:
@@ -162,13 +164,11 @@ def run() -> Report:
     flat_series = {name: [t * 1e3 for t in min(rounds, key=sum)] for name, rounds in flat_rounds.items()}
 
     log("decode: prefill, and its products alone ...")
-    runs = {name: partial(minigpt_prefill, m, long_prompt[:PREFILL]) for name, m in engines.items()}
-    if hf is not None:
-        runs["transformers"] = partial(Transformers.prefill, hf, long_prompt[:PREFILL])
-    runs.update({f"products {name}": products(m.kernels.linear, PREFILL, head_rows=1) for name, m in engines.items()})
-    prefill = interleaved(runs)
-    prefill_tps = {name: PREFILL / min(prefill[name]) for name in runs if not name.startswith("products")}
-    prefill_products = {name: min(prefill[f"products {name}"]) for name in engines}  # seconds
+    products_runs = {f"products {name}": products(m.kernels.linear, PREFILL, head_rows=1)
+                     for name, m in engines.items()}
+    prefill = side_by_side(hf, minigpt_prefill, Transformers.prefill, long_prompt[:PREFILL], more=products_runs)
+    prefill_products = {name: min(prefill.pop(f"products {name}")) for name in engines}  # seconds
+    prefill_tps = {name: PREFILL / min(rounds) for name, rounds in prefill.items()}
 
     log("decode: naive loop ...")
     naive = side_by_side(hf, minigpt_naive, Transformers.naive, one, NAIVE_TOKENS)
