@@ -333,8 +333,6 @@ def _each_group(q: np.ndarray, groups: list[list[_Unit]], out: np.ndarray) -> li
     """_attend for every group, the groups dealt out in turn between minigpt's threads: a group's
     rows are its own, and its bits do not depend on the thread that computes it."""
     n_threads = min(threads(), len(groups)) if _workers() is not None else 1
-    if n_threads == 1:
-        return [_attend(q, units, out) for units in groups]
 
     def run(first: int) -> list[np.ndarray]:
         return [_attend(q, units, out) for units in groups[first::n_threads]]  # [H, G, L] each

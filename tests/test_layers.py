@@ -155,8 +155,8 @@ def test_exact_attention_over_a_last_page_holding_old_values_is_bitwise_as_over_
     error mid-forward): the kernel then copies the page rather than read it whole, so the bits
     are those of the page padded with zeros, NaN and -0.0 past the length included."""
     H, hd, S = 2, 8, 21
-    k = rng.standard_normal((H, 32, hd), dtype=np.float32)
-    v = rng.standard_normal((H, 32, hd), dtype=np.float32)
+    k = rng.standard_normal((32, H, hd), dtype=np.float32).transpose(1, 0, 2)  # [H, 32, hd], as a cache stores it
+    v = rng.standard_normal((32, H, hd), dtype=np.float32).transpose(1, 0, 2)
     q = rng.standard_normal((H, 1, hd), dtype=np.float32)
     clean = EXACT.attend(q, k[:, :S], v[:, :S])
     for old in (np.nan, -0.0, 1e30):
@@ -174,8 +174,8 @@ def test_attention_handed_a_whole_store_and_a_length_is_bitwise_as_handed_exactl
     H, hd = 2, 8
     q = rng.standard_normal((H, 1, hd), dtype=np.float32)
     for capacity, S in ((64, 21), (64, 32), (23, 21), (21, 21)):
-        k = rng.standard_normal((H, capacity, hd), dtype=np.float32)
-        v = rng.standard_normal((H, capacity, hd), dtype=np.float32)
+        k = rng.standard_normal((capacity, H, hd), dtype=np.float32).transpose(1, 0, 2)  # as a cache stores it
+        v = rng.standard_normal((capacity, H, hd), dtype=np.float32).transpose(1, 0, 2)
         k[:, S:], v[:, S:] = 0, 0
         alone = kernels.attend(q, k[:, :S].copy(), v[:, :S].copy())
         for old in (0.0, np.nan):
