@@ -124,6 +124,8 @@ def _together(calls: list[Callable[[], R]]) -> list[R]:
     """Each call's result, the first made by the calling thread and the others by minigpt's worker
     threads at the same time, each in the caller's context (its np.errstate). Every call has ended
     when this returns or raises: none goes on writing into shared arrays after an error."""
+    if len(calls) == 1:
+        return [calls[0]()]
     futures = [_workers().submit(contextvars.copy_context().run, call) for call in calls[1:]]
     try:
         first = calls[0]()
@@ -231,6 +233,8 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 def _cut(runs: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """The first n positions of runs, as views."""
+    if n >= sum(k.shape[1] for k, _ in runs):
+        return runs
     parts, taken = [], 0
     for k, v in runs:
         if taken >= n:
