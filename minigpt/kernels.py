@@ -309,7 +309,8 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
         scores[:, 0, units[0].first + 1:] = -np.inf
     else:
         pos = np.concatenate([np.arange(u.first, u.first + b - a) for u, a, b in spans])  # [G] positions
-        np.copyto(scores, -np.inf, where=np.arange(L) > pos[:, None])
+        lo = pos.min() + 1  # no key before this one is after any row's position
+        np.copyto(scores[..., lo:], -np.inf, where=np.arange(lo, L) > pos[:, None])
     scores /= np.float32(math.sqrt(head_dim))
     scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)
     np.exp(scores, out=scores)
