@@ -20,9 +20,11 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from minigpt.checkpoint import save_checkpoint
-from minigpt.kernels import FAST, threads as blas_threads
+from minigpt.kernels import FAST, Queries, attend_batch, threads as blas_threads
+from minigpt.kv_cache import forward_cached, new_cache
 from minigpt.loading import load
 from minigpt.model import Model
+from minigpt.paging import PAGE, pages_for, placement
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 REPEATS = 3  # interleaved rounds; the best is kept
@@ -128,6 +130,30 @@ def products(linear: Callable, rows: int, head_rows: int | None = None) -> Calla
         start = time.perf_counter()
         for x, w in zip(xs, weights):
             linear(x, w, None)
+        return time.perf_counter() - start
+    return run
+
+
+def attention_alone(model: Model, lengths: list[int], queries: int = 1) -> Callable[[], float]:
+    """A run of a forward's attention alone, its layers in sequence, through the model's kernels as
+    paging.forward_batch calls them: one sequence per entry of `lengths`, each that many positions
+    long (their keys and values from a forward, in a cache with room to the end of its last page, as
+    a pool's pages give), its last `queries` positions the new ones. No products, no LayerNorm.
+    Returns its seconds."""
+    config = model.config
+    caches = [new_cache(config, PAGE * pages_for(n)) for n in lengths]
+    for n, kv in zip(lengths, caches):
+        forward_cached(model, list(range(n)), kv)
+        kv.length = n - queries
+    places = [placement(kv, queries) for kv in caches]
+    rows = [slice(i * queries, (i + 1) * queries) for i in range(len(lengths))]
+    q = np.random.default_rng(0).standard_normal((config.n_head, len(lengths) * queries, config.head_dim),
+                                                 dtype=np.float32)  # [H, N, hd]
+
+    def run() -> float:
+        start = time.perf_counter()
+        for layer in range(config.n_layer):
+            attend_batch(model.kernels, q, [Queries(r, p.length, p.segments(layer)) for p, r in zip(places, rows)])
         return time.perf_counter() - start
     return run
 
