@@ -1,6 +1,6 @@
 """What every section of the benchmark shares: the machine's description, its ceilings (the model's
-own products timed alone, gemv's best rate, one gemm per matrix), the models, transformers on the
-same weights, interleaved best-of rounds, and the markdown it writes."""
+own products timed alone, gemv's best rate, one gemm per matrix), a forward's attention timed alone,
+the models, transformers on the same weights, interleaved best-of rounds, and the markdown it writes."""
 
 from __future__ import annotations
 
@@ -140,12 +140,12 @@ def attention_alone(model: Model, lengths: list[int], queries: int = 1) -> Calla
     long (their keys and values from a forward, in a cache with room to the end of its last page, as
     a pool's pages give), its last `queries` positions the new ones. No products, no LayerNorm.
     Returns its seconds."""
-    config = model.config
-    caches = [new_cache(config, PAGE * pages_for(n)) for n in lengths]
-    for n, kv in zip(lengths, caches):
-        forward_cached(model, list(range(n)), kv)
-        kv.length = n - queries
-    places = [placement(kv, queries) for kv in caches]
+    config, filled = model.config, {}
+    for n in set(lengths):
+        filled[n] = new_cache(config, PAGE * pages_for(n))
+        forward_cached(model, list(range(n)), filled[n])
+        filled[n].length = n - queries
+    places = [placement(filled[n].copy(), queries) for n in lengths]  # each sequence its own memory
     rows = [slice(i * queries, (i + 1) * queries) for i in range(len(lengths))]
     q = np.random.default_rng(0).standard_normal((config.n_head, len(lengths) * queries, config.head_dim),
                                                  dtype=np.float32)  # [H, N, hd]
