@@ -87,7 +87,7 @@ def run() -> Report:
     equal = {(n, b): sum(all(tokens[i] == alone[i] for tokens, _, _ in results) for i in range(b))
              for (n, b), results in rounds.items()}
 
-    for b in BATCH_SIZES:  # the exact kernels' two operations, alone: what no change outside them removes
+    for b in BATCH_SIZES:  # the exact kernels' two operations, each timed alone, added round by round
         per_round["exact kernels", b] = [p + a for p, a in zip(per_round["products minigpt exact", b],
                                                                per_round["exact attention", b])]
     targets = batching_targets(tps, over, equal, hf is not None)
