@@ -7,8 +7,8 @@
   decode reads);
 - the rest of a step: a step whose products are answered from a table, and of it the attention;
 - prefill tokens/s (512 tokens), exact vs fast (and transformers), and each kernel set's products
-  and attention of that prefill alone, in the same rounds: the part of a prefill no change outside
-  the kernels can remove;
+  and attention of that prefill, each timed alone in the same rounds: how much of a prefill the
+  two operations a kernel set decides take;
 - flatness: median of the last 16 / first 16 cached steps after a 512-token prompt;
 - the naive loop's time for token 1 and token 40 from a one-token prompt.
 """
@@ -165,7 +165,7 @@ def run() -> Report:
     prefill_attention = {name: min(prefill.pop(f"attention {name}")) for name in engines}  # seconds
     prefill_tps = {name: PREFILL / min(rounds) for name, rounds in prefill.items()}
     fast_prefill = PREFILL / prefill_tps["minigpt fast"]  # seconds
-    # what no prefill of a kernel set beats: its products alone, and with its attention alone, ÷ fast's prefill
+    # a kernel set's products, and its products and attention, each timed alone, ÷ fast's prefill
     prefill_floors = {name: (p / fast_prefill, (p + prefill_attention[name]) / fast_prefill)
                       for name, p in prefill_products.items()}
 
