@@ -189,9 +189,11 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
             few(tuning)
         many(tuning)
 
-    decide("blocks for 2 rows (x 4) and 16 rows, split by OpenBLAS", "rows_block",
-           {f"{share:.0%} of L2 per thread": int(l2 * share) * threads() for share in (0.3, 0.6, 0.9, 1.5, 3)},
-           pair_and_batch)
+    # shares of L2 per thread; with several threads, no less than a block OpenBLAS splits between them
+    split = OPENBLAS_SPLIT if threads() > 1 else 0
+    sizes = sorted({max(int(l2 * share) * threads(), split) for share in (0.3, 0.6, 0.9, 1, 1.25, 1.5, 2, 3)})
+    rows_blocks = {f"{size * 4 / MIB:.2f} MiB": size for size in sizes}
+    decide("blocks for 2 rows (x 4) and 16 rows, split by OpenBLAS", "rows_block", rows_blocks, pair_and_batch)
     if threads() > 1:
         choice = replace(choice, shared_rows=1)
         decide("blocks for 16 rows, shared by minigpt's threads", "shared_block",
@@ -200,6 +202,8 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
         choice = replace(choice, shared_rows=switch("exact kernels", "shared_rows",
                                                     ("blocks split by OpenBLAS", "shared blocks"), kernels.exact_linear,
                                                     rounds=3, settle=SETTLE))
+        if choice.shared_rows <= 16:  # the batch takes shared blocks: OpenBLAS's split serves fewer rows alone
+            decide("blocks for 2 rows, split by OpenBLAS", "rows_block", rows_blocks, few)
     choice = replace(choice, gemm_rows=switch("fast kernels", "gemm_rows", ("gemv per row", "one gemm"),
                                               kernels.fast_linear, rounds=3, settle=SETTLE))
     return choice, report
