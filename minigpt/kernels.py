@@ -305,12 +305,12 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
 
     # pass 2: hide the future, scale, softmax. The maximum does not depend on order; the sum is
     # taken page by page (16 keys, a fixed order), then over the pages by a tree.
-    if G == 1:  # keys after the query: weight exactly 0.0
-        scores[:, 0, units[0].first + 1:] = -np.inf
-    else:
-        pos = np.concatenate([np.arange(u.first, u.first + b - a) for u, a, b in spans])  # [G] positions
-        lo = pos.min() + 1  # no key before this one is after any row's position
-        np.copyto(scores[..., lo:], -np.inf, where=np.arange(lo, L) > pos[:, None])
+    for u, a, b in spans:  # keys after a row's position: weight exactly 0.0
+        if b - a == 1:
+            scores[:, a, u.first + 1:] = -np.inf
+        else:
+            future = np.arange(u.first + 1, L) > np.arange(u.first, u.first + b - a)[:, None]  # [b - a, keys]
+            np.copyto(scores[:, a:b, u.first + 1:], -np.inf, where=future)
     scores /= np.float32(math.sqrt(head_dim))
     scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)
     np.exp(scores, out=scores)
