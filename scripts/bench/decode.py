@@ -5,7 +5,9 @@
 - each kernel set's own products alone: the 49 one-row matrix products of a step, timed in
   sequence right after each of its steps; the floor is the fastest of them (the read bandwidth as
   decode reads);
-- the rest of a step: a step whose products are answered from a table, and of it the attention;
+- the rest of a step: within each step (the step less its products, timed as they run; two
+  timer reads per product and per attention call), and hot, alone: a step whose products are
+  answered from a table; of each, the attention;
 - prefill tokens/s (512 tokens), exact vs fast (and transformers), and each kernel set's products
   and attention of that prefill, each timed alone in the same rounds: how much of a prefill the
   two operations a kernel set decides take;
@@ -20,7 +22,7 @@ import statistics
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -49,26 +51,55 @@ def minigpt_cached(model: Model, prompt: list[int], n: int) -> tuple[list[int], 
     return result.tokens, result.step_seconds[1:]
 
 
-def lockstep(engines: dict[str, Model], prompt: list[int], n: int) -> dict[str, tuple[list[int], list[float], list[float]]]:
+def clocked(model: Model) -> tuple[Model, dict[str, float]]:
+    """`model` with its kernels' two operations timed as a forward calls them, and the seconds they
+    take, accumulated (set them to 0 before a step): the split of a step as it runs, caches and all."""
+    spent = {"products": 0.0, "attention": 0.0}
+
+    def timed(part: str, operation: Callable) -> Callable:
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return operation(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - start
+        return run
+    k = model.kernels
+    kernels = Kernels(k.name, timed("products", k.linear), timed("attention", k.attend), k.weights)
+    return dataclasses.replace(model, kernels=kernels), spent
+
+
+class Steps(NamedTuple):
+    """One engine's lockstep decode: its tokens, and per step after the first, the seconds of the
+    step, of its products and of its attention within it, and of its products alone right after it."""
+
+    tokens: list[int]
+    seconds: list[float]
+    products: list[float]
+    attention: list[float]
+    alone: list[float]
+
+
+def lockstep(engines: dict[str, Model], prompt: list[int], n: int) -> dict[str, Steps]:
     """Each engine's cached greedy decode of n tokens, one step of each engine in turn, and right after
-    each step that engine's products alone (its 49 one-row matrix products in sequence): per engine,
-    its tokens, the seconds of each step after the first and of each run of its products. A step and
+    each step that engine's products alone (its 49 one-row matrix products in sequence). A step and
     its products are timed within milliseconds of each other, so the machine's drift hardly
-    touches their ratio."""
-    loops, seqs = {}, {}
+    touches their ratio; within the step, its products and its attention are timed as they run."""
+    loops, seqs, clocks = {}, {}, {}
     for name, m in engines.items():
+        m, clocks[name] = clocked(m)
         seqs[name] = Sequence(make_request(m, prompt, n, stop_at_eos=False))
         loops[name] = cached_steps(m, seqs[name])
     alone = {name: products(m.kernels.linear, 1) for name, m in engines.items()}
-    steps = {name: [] for name in engines}
-    prods = {name: [] for name in engines}
+    runs = {name: [] for name in engines}  # per step: (step, products in it, attention in it, products alone)
     for _ in range(n):
         for name, loop in loops.items():
+            clocks[name].update(products=0.0, attention=0.0)
             start = time.perf_counter()
             next(loop)
-            steps[name].append(time.perf_counter() - start)
-            prods[name].append(alone[name]())
-    return {name: (seqs[name].tokens, steps[name][1:], prods[name][1:]) for name in engines}
+            step = time.perf_counter() - start
+            runs[name].append((step, clocks[name]["products"], clocks[name]["attention"], alone[name]()))
+    return {name: Steps(seqs[name].tokens, *map(list, zip(*runs[name][1:]))) for name in engines}
 
 
 def minigpt_naive(model: Model, prompt: list[int], n: int) -> list[float]:
@@ -132,20 +163,27 @@ def run() -> Report:
         runs[f"attention {name}"] = partial(median_of, attention_alone(m, [keys]))
     runs["products x @ W.T"] = partial(median_of, products(plain_product, 1))
     measured = interleaved(runs)
-    decode = {name: [r[name] for r in measured["minigpt"]] for name in engines}  # per round (tokens, steps, products)
+    decode = {name: [r[name][:2] for r in measured["minigpt"]] for name in engines}  # per round (tokens, steps)
+    lock = {name: [r[name] for r in measured["minigpt"]] for name in engines}  # per round, Steps
     if hf is not None:
         decode["transformers"] = measured["transformers"]
     reference = decode["minigpt exact"][0][0]
     names = list(decode)
     decode_ms = {name: min(statistics.median(r[1]) for r in rounds) * 1e3 for name, rounds in decode.items()}
     same_tokens = {name: all(r[0] == reference for r in rounds) for name, rounds in decode.items()}
-    alone = {name: min(statistics.median(r[2]) for r in decode[name]) * 1e3 for name in engines}
+    alone = {name: min(statistics.median(r.alone) for r in lock[name]) * 1e3 for name in engines}
+    # within the step, in its best round (the fastest median step): its products, the rest, the attention
+    in_step = {}
+    for name in engines:
+        best = min(lock[name], key=lambda r: statistics.median(r.seconds))
+        in_step[name] = [statistics.median(v) * 1e3 for v in (
+            best.products, [s - p for s, p in zip(best.seconds, best.products)], best.attention)]
     rest = {name: min(measured[f"rest {name}"]) * 1e3 for name in engines}
     attention = {name: min(measured[f"attention {name}"]) * 1e3 for name in engines}
     plain = min(measured["products x @ W.T"]) * 1e3
     floor = min(plain, *alone.values())
     # a step against its products, step by step (each step's products timed right after it), in the best round
-    over_products = {name: min(statistics.median(s / p for s, p in zip(r[1], r[2])) for r in decode[name])
+    over_products = {name: min(statistics.median(s / p for s, p in zip(r.seconds, r.alone)) for r in lock[name])
                      for name in engines}
 
     log("decode: cached decode after a 512-token prompt ...")
@@ -190,8 +228,10 @@ def run() -> Report:
         {e: f"{v:.2f}" for e, v in alone.items()})
     row("  step ÷ its products alone (the median over steps of each step's ratio)",
         {e: f"{v:.2f}x" for e, v in over_products.items()})
-    row(f"  step without its products (the middle step: {keys} positions), ms", {e: f"{v:.2f}" for e, v in rest.items()})
-    row("    of which attention (12 layers), ms", {e: f"{v:.2f}" for e, v in attention.items()})
+    row("  in the step (median over steps): its products / the rest / of which attention (12 layers), ms",
+        {e: " / ".join(f"{v:.2f}" for v in values) for e, values in in_step.items()})
+    row(f"  the rest timed alone, hot (the middle step: {keys} positions): all / of which attention, ms",
+        {e: f"{rest[e]:.2f} / {attention[e]:.2f}" for e in engines})
     row(f"  ÷ the floor ({floor:.2f} ms)", {e: f"{v / floor:.2f}x" for e, v in decode_ms.items()})
     row("  same greedy tokens as minigpt exact", {e: "yes" if v else "**no**" for e, v in same_tokens.items()})
     row(f"cached decode after a {FLAT_PROMPT}-token prompt: first {FLAT_WINDOW} / last {FLAT_WINDOW} steps, ms",
