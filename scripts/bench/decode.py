@@ -163,8 +163,8 @@ def run() -> Report:
         runs[f"attention {name}"] = partial(median_of, attention_alone(m, [keys]))
     runs["products x @ W.T"] = partial(median_of, products(plain_product, 1))
     measured = interleaved(runs)
-    decode = {name: [r[name][:2] for r in measured["minigpt"]] for name in engines}  # per round (tokens, steps)
     lock = {name: [r[name] for r in measured["minigpt"]] for name in engines}  # per round, Steps
+    decode = {name: [(r.tokens, r.seconds) for r in rounds] for name, rounds in lock.items()}  # as transformers'
     if hf is not None:
         decode["transformers"] = measured["transformers"]
     reference = decode["minigpt exact"][0][0]
