@@ -211,7 +211,7 @@ def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarra
         runs.append((_rows(k), _rows(v)))
     k, v = runs.pop()
     n = k.shape[1] - (held - S)  # the last run's keys before S
-    if held % PAGE == 0 and (held == S or not v[:, n:].view(np.uint32).any()):
+    if held % PAGE == 0 and (held == S or not np.count_nonzero(v[:, n:].view(np.uint32))):
         return [*runs, (k, v)]
     whole = n - S % PAGE
     if whole:
@@ -284,9 +284,9 @@ def _add_pages(pages: np.ndarray) -> np.ndarray:
     return pages[:, :, 0]
 
 
-def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
-    """Exact attention for one group of units, consecutive rows of q [H, N, hd]: their rows of out
-    [H, N, hd] are written, and their weights returned, [H, G, L] (G rows; L keys, the widest row's)."""
+def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray]:
+    """Exact attention for one group of units, consecutive rows of q [H, N, hd]: their outputs
+    [H, G, hd] and their weights [H, G, L] (G rows; L keys, the widest row's)."""
     n_head, _, head_dim = q.shape
     rows = slice(units[0].rows.start, units[-1].rows.stop)  # [G] rows of q
     P = max(u.n_pages for u in units)
@@ -330,17 +330,18 @@ def _attend(q: np.ndarray, units: list[_Unit], out: np.ndarray) -> np.ndarray:
             page += p
 
     # pass 4: each query's pages added up by the same tree.
-    out[:, rows] = _add_pages(partials)  # [H, G, P, hd] -> [H, G, hd]
-    return scores
+    return _add_pages(partials), scores  # [H, G, P, hd] -> [H, G, hd]
 
 
-def _each_group(q: np.ndarray, groups: list[list[_Unit]], out: np.ndarray) -> list[np.ndarray]:
+def _each_group(q: np.ndarray, groups: list[list[_Unit]]) -> list[tuple[np.ndarray, np.ndarray]]:
     """_attend for every group, the groups dealt out in turn between minigpt's threads: a group's
     rows are its own, and its bits do not depend on the thread that computes it."""
     n_threads = min(threads(), len(groups)) if _workers() is not None else 1
+    if n_threads == 1:
+        return [_attend(q, units) for units in groups]
 
-    def run(first: int) -> list[np.ndarray]:
-        return [_attend(q, units, out) for units in groups[first::n_threads]]  # [H, G, L] each
+    def run(first: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [_attend(q, units) for units in groups[first::n_threads]]
     shares = _together([partial(run, i) for i in range(n_threads)])
     return [shares[i % n_threads][i // n_threads] for i in range(len(groups))]
 
@@ -353,16 +354,21 @@ def exact_attend_batch(q: np.ndarray, parts: list[Queries], record: bool = False
     sequences in one group; a long prefill, past its first pages, one page of positions per group),
     each group in four passes (`_attend`), the groups dealt between minigpt's threads."""
     q = np.ascontiguousarray(q)
-    out = np.empty_like(q)  # [H, N, hd]
     groups = _groups(parts)
-    weights = list(zip(groups, _each_group(q, groups, out)))  # [(units, [H, G, L]), ...]
+    results = _each_group(q, groups)  # [([H, G, hd], [H, G, L]), ...]
+    if len(groups) == 1:  # its rows are all of q's
+        out = results[0][0]
+    else:
+        out = np.empty_like(q)  # [H, N, hd]
+        for units, (values, _) in zip(groups, results):
+            out[:, units[0].rows.start:units[-1].rows.stop] = values
     if not record:
         return out, [None] * len(parts)
     full = [np.zeros((q.shape[0], p.rows.stop - p.rows.start, p.length), np.float32) for p in parts]  # [H, T, S] each
     row_of = {}  # q row -> (part, its row in the part)
     for i, p in enumerate(parts):
         row_of.update({r: (i, r - p.rows.start) for r in range(p.rows.start, p.rows.stop)})
-    for units, w in weights:
+    for units, (_, w) in zip(groups, results):
         g = 0
         for u in units:
             for r in range(u.rows.start, u.rows.stop):
