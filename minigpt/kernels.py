@@ -337,11 +337,11 @@ def _each_group(q: np.ndarray, groups: list[list[_Unit]]) -> list[tuple[np.ndarr
     """_attend for every group, the groups dealt out in turn between minigpt's threads: a group's
     rows are its own, and its bits do not depend on the thread that computes it."""
     n_threads = min(threads(), len(groups)) if _workers() is not None else 1
-    if n_threads == 1:
-        return [_attend(q, units) for units in groups]
 
     def run(first: int) -> list[tuple[np.ndarray, np.ndarray]]:
         return [_attend(q, units) for units in groups[first::n_threads]]
+    if n_threads == 1:  # alone: no handing out
+        return run(0)
     shares = _together([partial(run, i) for i in range(n_threads)])
     return [shares[i % n_threads][i // n_threads] for i in range(len(groups))]
 
