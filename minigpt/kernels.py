@@ -17,10 +17,10 @@ the whole argument, with its measurements):
    PAGE keys (keys after t get weight +0.0), scores each key by one dot product, sums each page's
    16 terms in a fixed order and the pages by a fixed tree. It takes keys in one run or as runs
    of whole pages, read in place when laid out a row per position, as the caches store them (else
-   copied into that layout); a cache's last page whole, in place, when its values past the length
-   are zero bits (the caches keep them so), else that page copied into a page of zeros. A row's bits
-   then depend on its position and its data alone: not on the other rows, nor on how its keys lie
-   in memory.
+   copied into that layout); a cache's last page whole, in place, its slots past the length zeros
+   (the caches keep them so; Model.forward clears any a caller left), keys that end inside a page
+   with that page copied into a page of zeros. A row's bits then depend on its position and its
+   data alone: not on the other rows, nor on how its keys lie in memory.
 """
 
 from __future__ import annotations
@@ -202,16 +202,16 @@ def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarra
     over whole pages (its bits for one key depend on how many it computes modulo four) and over
     rows at the same stride (with a head of fewer than four numbers, OpenBLAS's sums depend on it too).
     Keys laid out otherwise (the forward's, inside its qkv) are copied into that layout. Runs that
-    end at a page's end are taken as they are when the values past S are zero bits (the caches keep
-    them so); else the last page, cut at S, is copied into a page of zeros. Either way a slot past
-    S changes no bit."""
+    end at a page's end are taken as they are, their slots past S zeros (the caches keep them so:
+    paging.clear_page_tail); keys that end inside a page have that page, cut at S, copied into a
+    page of zeros. Either way a slot past S changes no bit."""
     runs, held = [], 0
     for k, v in segments:
         held += k.shape[1]
         runs.append((_rows(k), _rows(v)))
     k, v = runs.pop()
     n = k.shape[1] - (held - S)  # the last run's keys before S
-    if held % PAGE == 0 and (held == S or not np.count_nonzero(v[:, n:].view(np.uint32))):
+    if held % PAGE == 0:  # the last run to a page's end: read whole, its slots past S zeros
         return [*runs, (k, v)]
     whole = n - S % PAGE
     if whole:

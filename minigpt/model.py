@@ -22,7 +22,7 @@ from .gpt2 import GPT2, forward
 from .kernels import EXACT
 from .kv_cache import KVCache, forward_cached, new_cache
 from .layers import Kernels
-from .paging import forward_batch
+from .paging import clear_page_tail, forward_batch
 from .sequence import check_finite
 from .tracing import first_non_finite
 
@@ -74,6 +74,7 @@ class Model(GPT2):
             cache = new_cache(self.config, min(ids.size, self.config.n_positions)) if cache is None \
                 else check_cache(self.config, cache)
             check_room(self.config, cache, ids.size)
+            clear_page_tail(cache, cache.length + ids.size)
             checked.append(cache)
         starts = [cache.length for cache in checked]
         try:

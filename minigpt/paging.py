@@ -275,6 +275,22 @@ def placement(cache: KVCache | PagedCache, n: int) -> Placement:
     return Placement(cache.pool.k, cache.pool.v, cache.slots(start, end), end, cache.runs(end))
 
 
+def clear_page_tail(cache: KVCache | PagedCache, end: int) -> None:
+    """Zero the slots of positions end .. the end of their page if one holds anything but zero bits
+    (a length set back by hand, a forward stopped midway): the exact kernels read a sequence's last
+    page whole, those slots included (minigpt.kernels, point 4). Model.forward does it before each
+    forward; the library's own loops never leave anything there."""
+    if isinstance(cache, KVCache):
+        k, v, slots = cache.k, cache.v, slice(end, min(cache.capacity, PAGE * pages_for(end)))
+    elif end % PAGE and end // PAGE < len(cache.pages):
+        first = cache.pages[end // PAGE] * PAGE
+        k, v, slots = cache.pool.k, cache.pool.v, slice(first + end % PAGE, first + PAGE)
+    else:
+        return
+    if np.count_nonzero(v[:, slots].view(np.uint32)) or np.count_nonzero(k[:, slots].view(np.uint32)):
+        k[:, slots], v[:, slots] = 0, 0
+
+
 def batch_attend(layer: int, placements: list[Placement], rows: list[slice], stores: list[Write],
                  kernels: Kernels) -> Callable:
     """The attend of `layer` for a batch: the new keys and values written where `stores` (`writes`)

@@ -149,6 +149,31 @@ def test_a_page_is_zeroed_when_taken_so_a_last_page_read_whole_reads_no_old_keys
     assert (logits(stale).view(np.uint32) == logits(fresh).view(np.uint32)).all()
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["cache", "paged-cache"])
+def test_a_length_set_back_by_hand_continues_bitwise_as_a_truncated_cache(model, paged):
+    """Old values past a cache's length (NaN, -0.0, 1e30), left by a length set back by hand: the
+    next forward clears the slots its exact attention reads past the new length, so it gives the
+    bits of a cache truncated to that length."""
+    def cache_of(ids):
+        if not paged:
+            cache = model.new_cache(64)
+        else:
+            pool = minigpt.api.PagePool(model.config, 4)
+            cache = pool.new_cache()
+            pool.grow(cache, 64)
+        model.forward(ids, cache)
+        return cache
+
+    expected = model.forward([7, 8], cache_of(list(range(100, 118))))
+    for old in (np.nan, -0.0, 1e30):
+        cache = cache_of(list(range(100, 140)))
+        store, slots = (cache, slice(30, 64)) if not paged else (cache.pool, cache.slots(30, 64))
+        store.k[:, slots], store.v[:, slots] = old, old  # positions 18 .. 29 keep their values
+        cache.length = 18
+        got = model.forward([7, 8], cache)
+        np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
 def test_a_truncated_cache_holds_zeros_after_its_length(model):
     """KVCache.truncate zeroes what it forgets, as a fresh cache's slots are: a kernel that reads
     the cache's last page whole reads zeros past the length."""
