@@ -166,7 +166,7 @@ class PagePool:
         largest free gap (its start when the gap begins the pool), so that sequences stay in few
         runs; with none free, the least recently used cached page, evicted. Its slots are zeroed
         (another sequence's old keys may be in them): the exact kernels read a sequence's last page
-        whole, in place, when its slots past the sequence's length hold zeros, and copy it if not."""
+        whole, in place, its slots past the sequence's length included."""
         if not self.free.any():
             page, _ = self.cached.popitem(last=False)
             del self.by_hash[self.keys.pop(page).hash]
