@@ -25,6 +25,7 @@ from minigpt.kv_cache import forward_cached, new_cache
 from minigpt.loading import load
 from minigpt.model import Model
 from minigpt.paging import PAGE, pages_for, placement
+from minigpt.tuning import MIB, cache_bytes
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 REPEATS = 3  # interleaved rounds; the best is kept
@@ -163,32 +164,41 @@ def plain_product(x: np.ndarray, w: np.ndarray, bias: None) -> np.ndarray:
     return x @ w.T
 
 
-GEMV_BLOCKS = (128, 256, 512, 768, 1024, 1536)  # rows of a 768-wide block: 384 KB to 4.5 MB
+GEMV_BLOCKS = (64, 128, 256, 512, 768, 1024, 1536)  # rows of a 768-wide block: 192 KB to 4.5 MB
 
 
-def gemv_rate() -> Callable[[], float]:
-    """A run that finds the best rate this machine's gemv reaches: for blocks of 128 .. 1536 rows of
-    768 weights (384 KB to 4.5 MB), 16 gemvs in a row on the same block (the 15 after the first read
-    it from cache), each block three times through OpenBLAS's threads and three times split between
-    minigpt's threads. Returns the best multiply-adds per second."""
+def gemv_rate(from_memory: bool = False) -> Callable[[], float]:
+    """A run that finds the best rate this machine's gemv reaches, 16 gemvs in a row on a block of
+    64 .. 1536 rows of 768 weights (the 15 after the first read it from cache), each block through
+    OpenBLAS's threads and split between minigpt's. In cache: each block three times over, so
+    that the best leaves out the first read from memory (a bound no decode step reaches). From
+    memory: blocks that follow each other through a pool three times the L3 (at least 96 MB), each
+    read from memory once, as a decode step reads its weights. Returns the best multiply-adds per
+    second."""
     rng = np.random.default_rng(0)
-    blocks = [rng.standard_normal((rows, 768), dtype=np.float32) for rows in GEMV_BLOCKS]
     x = rng.standard_normal((16, 768, 1), dtype=np.float32)
     workers = ThreadPoolExecutor(blas_threads() - 1) if blas_threads() > 1 else None
+    if from_memory:
+        pool = rng.standard_normal(max(3 * (cache_bytes(3) or 32 * MIB), 96 * MIB) // 4, dtype=np.float32)
+        runs = {rows: pool[:pool.size // (rows * 768) * rows * 768].reshape(-1, rows, 768) for rows in GEMV_BLOCKS}
+    else:
+        runs = {rows: np.broadcast_to(rng.standard_normal((rows, 768), dtype=np.float32), (3, rows, 768))
+                for rows in GEMV_BLOCKS}  # one block, three times
 
-    def sixteen(w: np.ndarray) -> None:
-        np.matmul(w[None], x)  # 16 x ([rows, 768] @ [768, 1])
+    def sixteen(blocks: np.ndarray) -> None:
+        for w in blocks:
+            np.matmul(w[None], x)  # 16 x ([rows, 768] @ [768, 1])
 
     def run() -> float:
         best = 0.0
-        for w in blocks:
+        for blocks in runs.values():
             for split in (False, True) if workers is not None else (False,):
-                for _ in range(3):
+                for w in blocks[None] if from_memory else blocks[:, None]:  # all at once, or each block alone
                     start = time.perf_counter()
                     if split:
-                        halves = np.array_split(w, blas_threads())
-                        futures = [workers.submit(sixteen, h) for h in halves[1:]]
-                        sixteen(halves[0])
+                        shares = np.array_split(w, blas_threads(), axis=0 if from_memory else 1)
+                        futures = [workers.submit(sixteen, share) for share in shares[1:]]
+                        sixteen(shares[0])
                         for f in futures:
                             f.result()
                     else:
