@@ -132,6 +132,7 @@ def check_cache(config: GPT2Config, cache: object) -> KVCache | PagedCache:
     if isinstance(cache.length, bool) or not isinstance(cache.length, (int, np.integer)) \
             or not 0 <= cache.length <= cache.capacity:
         raise InputError(f"the cache's length {cache.length!r} is not in 0..{cache.capacity} (its capacity)")
+    cache.length = int(cache.length)  # a NumPy integer's sums would wrap past its range
     return cache
 
 

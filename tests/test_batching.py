@@ -174,6 +174,21 @@ def test_a_length_set_back_by_hand_continues_bitwise_as_a_truncated_cache(model,
         np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
+@pytest.mark.parametrize("kind", [np.int8, np.uint8, np.int16])
+def test_a_length_of_a_small_numpy_integer_type_continues_as_a_python_int(model, kind):
+    """A cache's length set by hand as a NumPy integer near its type's limit: the forward counts on
+    from it as from the same Python int (no wrap past 127 or 255, no OverflowError)."""
+    reference = model.new_cache()
+    model.forward(list(range(100, 220)), reference)
+    expected = model.forward(list(range(300, 320)), reference)
+    cache = model.new_cache()
+    model.forward(list(range(100, 220)), cache)
+    cache.length = kind(120)
+    got = model.forward(list(range(300, 320)), cache)
+    np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+    assert cache.length == 140 and type(cache.length) is int
+
+
 def test_a_truncated_cache_holds_zeros_after_its_length(model):
     """KVCache.truncate zeroes what it forgets, as a fresh cache's slots are: a kernel that reads
     the cache's last page whole reads zeros past the length."""
