@@ -129,6 +129,7 @@ def check_cache(config: GPT2Config, cache: object) -> KVCache | PagedCache:
         if len(set(cache.pages)) != len(cache.pages):
             raise InputError(f"the cache's page table {cache.pages} holds a page twice: two positions would share "
                              "a slot")
+        cache.pages[:] = [int(p) for p in cache.pages]  # a NumPy integer's products would wrap past its range
     if isinstance(cache.length, bool) or not isinstance(cache.length, (int, np.integer)) \
             or not 0 <= cache.length <= cache.capacity:
         raise InputError(f"the cache's length {cache.length!r} is not in 0..{cache.capacity} (its capacity)")

@@ -66,10 +66,12 @@ def first_non_finite(gpt: GPT2, ids, cache: KVCache | None = None) -> str:
     the first layer whose output holds a NaN or an infinity, else the LM head. The cache's length is
     left as it was."""
     start = 0 if cache is None else cache.length
-    with np.errstate(over="ignore", invalid="ignore"):
-        trace = traced_forward(gpt, ids, cache)
-    if cache is not None:
-        cache.length = start
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            trace = traced_forward(gpt, ids, cache)
+    finally:  # an error or Ctrl-C midway too
+        if cache is not None:
+            cache.length = start
     names = [LAYER_NAMES[0], *(LAYER_NAMES[1].format(i, i) for i in range(gpt.config.n_layer)), LAYER_NAMES[2]]
     return next((name for name, x in zip(names, trace.hidden) if not np.isfinite(x).all()),
                 "the LM head (the logits, wte)")

@@ -34,6 +34,7 @@ import minigpt.loading
 import minigpt.gpt2
 import minigpt.kv_cache
 import minigpt.paging
+import minigpt.tracing
 from minigpt.paging import PagedCache, PagePool
 from minigpt.checkpoint import save_checkpoint
 from minigpt.config import GPT2Config
@@ -964,6 +965,42 @@ def test_a_cache_whose_store_cannot_hold_keys_and_values_is_refused(no_work, sto
         cache = PagedCache(PagePool(model_of().config, 2), [0, 0])
     with pytest.raises(InputError, match=fault):
         model_of().forward([464], cache)
+
+
+def test_a_ctrl_c_while_an_overflow_is_traced_leaves_the_cache_as_it_was(tiny_model, monkeypatch):
+    """After an overflow, Model.forward traces the forward again on the cache to name the layer; a
+    Ctrl-C during that trace leaves the cache's length as it was, and the cache continues bitwise."""
+    t = {n: v * np.float32(1e30) if n.startswith("h.1.mlp.") else v
+         for n, v in params_to_tensors(tiny_model.params).items()}
+    huge = dataclasses.replace(tiny_model, params=params_from_tensors(tiny_model.config, t))
+    cache, untouched = tiny_model.new_cache(), tiny_model.new_cache()
+    tiny_model.forward([464, 3290], cache)
+    tiny_model.forward([464, 3290], untouched)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(minigpt.tracing, "lm_head", interrupted)
+    with pytest.raises(KeyboardInterrupt), np.errstate(over="ignore", invalid="ignore"):
+        huge.forward([13, 14], cache)
+    monkeypatch.undo()
+    assert cache.length == 2
+    assert_continues_alike(tiny_model, cache, untouched)
+
+
+def test_page_numbers_of_a_small_numpy_integer_type_point_at_their_own_pages(tiny_model):
+    """A page table of np.uint8 page numbers: page 20 is page 20 (20 * 16 does not wrap to page 4's
+    slots), so the sequence on page 4 is untouched and both continue bitwise as fresh ones."""
+    pool = PagePool(tiny_model.config, 32)
+    other, mine = PagedCache(pool, [4]), PagedCache(pool, [np.uint8(20)])
+    pool.free[[4, 20]] = False
+    pool.refs[[4, 20]] = 1
+    tiny_model.forward(list(range(100, 110)), other)
+    got = tiny_model.forward(list(range(200, 212)), mine)
+    fresh = tiny_model.forward(list(range(200, 212)))
+    np.testing.assert_array_equal(got.view(np.uint32), fresh.view(np.uint32))
+    expected = tiny_model.forward(list(range(100, 110)) + [7], logits_to_keep=1)
+    np.testing.assert_array_equal(tiny_model.forward([7], other).view(np.uint32), expected.view(np.uint32))
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["cache", "paged-cache"])
