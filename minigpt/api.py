@@ -215,13 +215,16 @@ class Engine(Scheduler):
 
     def results(self, requests: list[Request], prompt_logprobs: list[bool],
                 on_step: Callable[[int], None] | None = None) -> Iterator[tuple[int, GenerationResult]]:
-        """Run checked requests to the end: (index, result) as each finishes; on_step(new tokens)
-        after every step. A request that could never fit in the pool is refused before any work."""
+        """Run checked requests to the end: (index, result) as each of them finishes; on_step(new
+        tokens) after every step. Requests submitted otherwise run alongside, to their end, but are
+        not among the results. A request that could never fit in the pool is refused before any work."""
         self.check_fits(requests)
         jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
+        mine = set(jobs)
         unfinished = lambda: next((j for j in jobs if not j.seq.done), jobs[0]).seq.ids  # noqa: E731
         for job in named_overflow(self.gpt, self.run(on_step), unfinished):
-            yield job.index, job.result()
+            if job in mine:
+                yield job.index, job.result()
 
     def check_fits(self, requests: list[Request]) -> None:
         """InputError naming the first request that could never fit in the pool ("prompt i: ...")."""

@@ -94,3 +94,15 @@ def test_sixteen_short_prompts_peak_within_1_2x_the_memory_of_one():
     peaks = [int(subprocess.run([sys.executable, "-c", PEAK_RSS, str(n)], capture_output=True, text=True,
                                 check=True, timeout=120).stdout) for n in (1, 16)]
     assert peaks[1] <= 1.2 * peaks[0], peaks
+
+
+def test_a_call_gets_the_results_of_its_own_requests_only(model):
+    """A request submitted to the Engine by hand runs alongside a later generate call, to its end,
+    but the call returns its own prompts' results, each as generated alone."""
+    a, b = [464, 3290, 318], [1000, 1001, 1002, 1003]
+    engine = minigpt.Engine(model)
+    other = engine.submit(make_request(model, a, 30, stop_at_eos=False))
+    got = engine.generate([b], 12, stop_at_eos=False)
+    assert [r.prompt_ids for r in got] == [b]
+    assert got[0].tokens == minigpt.generate(model, b, 12, stop_at_eos=False).tokens
+    assert other.seq.done and other.result().tokens == minigpt.generate(model, a, 30, stop_at_eos=False).tokens
