@@ -136,15 +136,15 @@ class EngineThread:
         except Exception as e:  # a fault of minigpt's, never of the request: logged, and the loop goes on
             log.exception("an engine step failed; its requests are answered with a 500")
             message = f"internal error in the engine step: {type(e).__name__}: {e}"
+            self.finish([job for job in self.tickets if job.finished])  # ended before the fault: answered
             ran = list(self.engine.running) or list(self.engine.waiting)  # those it ran, or tried to admit
             for job in [*finished, *ran]:
                 if job in self.tickets:
                     self.engine.cancel(job)
                     self.tickets.pop(job).deliver(Update(job.index, [], final=True, error=message))
 
-    def updates(self, finished: list[Job]) -> None:
-        """Every finished choice its last Update; every running one that released tokens (or was just
-        prefilled: echo needs its prompt's scores) an Update."""
+    def finish(self, finished: list[Job]) -> None:
+        """Every finished choice its last Update: its result, or that it was cancelled."""
         for job in finished:
             ticket = self.tickets.pop(job, None)
             if ticket is not None and not ticket.cancelled:
@@ -152,6 +152,11 @@ class EngineThread:
             elif ticket is not None:
                 ticket.deliver(Update(job.index, [], final=True, error="cancelled: the client left or the server "
                                                                        "is shutting down"))
+
+    def updates(self, finished: list[Job]) -> None:
+        """Every finished choice its last Update; every running one that released tokens (or was just
+        prefilled: echo needs its prompt's scores) an Update."""
+        self.finish(finished)
         for job in self.engine.running:
             ticket = self.tickets.get(job)
             if ticket is None:  # failed in an earlier step: leaving at the next

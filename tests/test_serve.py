@@ -316,6 +316,39 @@ def test_an_error_inside_a_step_fails_its_request_with_a_500_and_the_engine_goes
     assert settled(served[0])["pages_in_use"] == 0
 
 
+def test_a_failed_step_still_answers_a_request_that_left_the_engine_at_its_start(model, monkeypatch):
+    """A request with nothing to generate leaves the engine at the start of a step that then fails
+    for another request: it gets its answer, the other its error, and the engine thread goes idle
+    and stops (no ticket left behind, no step after step with nothing to do)."""
+    from minigpt.api import make_request
+    from minigpt.serve import EngineThread, Ticket
+
+    forward = engine_module.forward_batch
+
+    def failing(gpt, feeds, caches, keep):
+        if any(7777 in list(f) for f in feeds):
+            raise RuntimeError("injected fault")
+        return forward(gpt, feeds, caches, keep)
+
+    monkeypatch.setattr(engine_module, "forward_batch", failing)
+    updates = {}
+    tickets = [Ticket(0, make_request(model, ids, n), False, lambda u, name=name: updates.setdefault(name, []).append(u))
+               for name, ids, n in (("failing", [7777, 1], 3), ("nothing to generate", [1, 2], 0))]
+    thread = EngineThread(minigpt.Engine(model, max_batch_size=4))
+    thread.submit(tickets)
+    thread.thread.start()
+    deadline = time.monotonic() + 30
+    while len(updates) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    thread.stopping = True  # EngineThread.stop, with a bound on the wait
+    thread.wake.set()
+    thread.thread.join(30)
+    assert [u.final for u in updates["failing"]] == [True] and "injected fault" in updates["failing"][0].error
+    [answer] = updates["nothing to generate"]
+    assert answer.final and answer.error is None and answer.result.tokens == []
+    assert not thread.tickets and not thread.thread.is_alive()
+
+
 def start_cli(*options: str) -> tuple[subprocess.Popen, str]:
     """`python -m minigpt serve` in a subprocess on an ephemeral port; (process, URL) once it listens."""
     process = subprocess.Popen([sys.executable, "-m", "minigpt", "serve", "--model", "random-tiny", "--port", "0",
