@@ -91,8 +91,11 @@ class ModelDrafter:
     def propose(self, ids, k, options, rng):
         tokens, q = [], []
         for _ in range(k):
-            logits = forward_cached(self.draft, [*ids, *tokens][self.cache.length:], self.cache, logits_to_keep=1)[0]
-            check_finite(logits)
+            start = self.cache.length
+            logits = forward_cached(self.draft, [*ids, *tokens][start:], self.cache, logits_to_keep=1)[0]
+            if not np.isfinite(logits).all():  # the draft model overflowed: fewer drafts, none of its numbers kept
+                self.cache.truncate(start)
+                break
             if options.temperature == 0:
                 tokens.append(int(np.argmax(logits)))
             else:
@@ -151,9 +154,15 @@ def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: 
         ids = seq.ids
         room = request.max_new_tokens - len(seq.tokens) - 1  # drafts that can still become tokens
         drafts, q = drafter.propose(ids, min(k, room), options, seq.rng) if k and room > 0 else ([], None)
-        logits = forward_cached(gpt, [*ids[cache.length:], *drafts], cache, logits_to_keep=len(drafts) + 1)
+        proposed, start = len(drafts), cache.length
+        logits = forward_cached(gpt, [*ids[start:], *drafts], cache, logits_to_keep=len(drafts) + 1)
         # [n+1, vocab]: the rows after ids, after d1, ..., after dn (the first step feeds the prompt too)
-        check_finite(logits)
+        if not np.isfinite(logits).all():
+            if drafts:  # a draft overflowed the model, and its page's rows with it: a plain step
+                cache.truncate(start)  # instead, as plain decoding never feeds it
+                drafts, q = [], None
+                logits = forward_cached(gpt, ids[start:], cache, logits_to_keep=1)
+            check_finite(logits)
         if options.temperature == 0:
             chosen = verify_greedy(logits, drafts)
         else:
@@ -169,14 +178,14 @@ def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: 
         n_accepted = min(len(chosen) - 1, appended)
         cache.truncate(len(ids) + n_accepted)  # keep the accepted drafts' keys, drop the rejected ones
         drafter.accepted(len(ids) + n_accepted)
-        seq.drafted += len(drafts)
+        seq.drafted += proposed
         seq.accepted += n_accepted
-        if drafts:  # adapt k: +2 after a full acceptance, -1 after a rejection (0: plain steps)
-            if n_accepted == len(drafts):
+        if proposed:  # adapt k: +2 after a full acceptance, -1 after a rejection (0: plain steps)
+            if n_accepted == proposed:
                 k, wait = min(draft_tokens, k + 2), 1
             else:
                 k -= 1
-                if k == 0 and len(drafts) == 1:
+                if k == 0 and proposed == 1:
                     wait = min(2 * wait, MAX_WAIT)  # a failed single-draft try: wait longer before the next
             idle = 0
         elif k == 0:

@@ -237,3 +237,52 @@ def test_sampled_speculative_generation_draws_the_first_token_from_the_models_fi
         drafted += result.drafted
     assert drafted > 0
     assert not chi_square_rejects(counts, p)
+
+
+def overflowing_token_model(model, token):
+    """model with `token`'s embedding so large (1e37) that the forward overflows where it is fed, and
+    a final LayerNorm whose output is a constant summing to 0: `token`'s logit is exactly 0, so
+    greedy decoding never chooses it."""
+    from minigpt.weights import params_from_tensors, params_to_tensors
+    C = model.config.n_embd
+    t = params_to_tensors(model.params)
+    t["ln_f.weight"] = np.zeros(C, np.float32)
+    t["ln_f.bias"] = np.tile(np.float32([1, -1]), C // 2)  # sums to exactly 0: a logit is 0 for a constant row
+    wte = t["wte.weight"].copy()
+    wte[token] = 1e37
+    t["wte.weight"] = wte
+    return Model(model.config, params_from_tensors(model.config, t))
+
+
+class Always:
+    """A drafter of one's own that always proposes the same token."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def propose(self, ids, k, options, rng):
+        return [self.token] * k, None
+
+    def accepted(self, n_positions):
+        pass
+
+
+def test_a_draft_whose_position_overflows_is_rejected_as_plain_decoding_never_feeds_it():
+    """A drafted token that overflows the model, and that greedy decoding never chooses: speculation
+    verifies the drafts before it and gives plain decoding's tokens, instead of an error plain
+    decoding never meets. A draft model that overflows drafts fewer tokens, not an error."""
+    import dataclasses
+    from minigpt.weights import params_from_tensors, params_to_tensors
+    tiny = minigpt.load("random-tiny")
+    x = 31337
+    main = overflowing_token_model(tiny, x)
+    prompt = [464, 3290, 318]
+    with np.errstate(over="ignore", invalid="ignore"):
+        plain = minigpt.generate(main, prompt, 8, stop_at_eos=False)
+        assert x not in plain.tokens
+        drafted = minigpt.generate(main, prompt, 8, stop_at_eos=False, speculate=Always(x))
+        t = {n: v * np.float32(1e30) if n.startswith("h.1.") else v for n, v in params_to_tensors(tiny.params).items()}
+        huge_draft = dataclasses.replace(tiny, params=params_from_tensors(tiny.config, t))
+        by_huge_draft = minigpt.generate(main, prompt, 8, stop_at_eos=False, speculate=huge_draft)
+    assert drafted.tokens == plain.tokens and by_huge_draft.tokens == plain.tokens
+    assert drafted.logprobs == plain.logprobs
