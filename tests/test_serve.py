@@ -300,15 +300,20 @@ def test_a_client_that_leaves_has_its_request_cancelled_and_its_pages_freed(mode
         assert stats["pages_in_use"] == 0 and service.in_flight == 0 and not service.engine_thread.tickets
 
 
-def test_an_error_inside_a_step_fails_its_request_with_a_500_and_the_engine_goes_on(model, served, monkeypatch):
+def fail_steps_feeding(token: int, monkeypatch) -> None:
+    """Make every engine step whose forward feeds `token` raise RuntimeError("injected fault")."""
     forward = engine_module.forward_batch
 
     def failing(gpt, feeds, caches, keep):
-        if any(7777 in list(f) for f in feeds):
+        if any(token in list(f) for f in feeds):
             raise RuntimeError("injected fault")
         return forward(gpt, feeds, caches, keep)
 
     monkeypatch.setattr(engine_module, "forward_batch", failing)
+
+
+def test_an_error_inside_a_step_fails_its_request_with_a_500_and_the_engine_goes_on(model, served, monkeypatch):
+    fail_steps_feeding(7777, monkeypatch)
     status, _, answer = post(served[1], "/v1/completions", {"prompt": [7777, 1], "max_tokens": 3})
     assert status == 500 and "injected fault" in answer["error"]["message"]
     status, _, answer = post(served[1], "/v1/completions", {"prompt": [1, 2], "max_tokens": 3, "temperature": 0})
@@ -323,14 +328,7 @@ def test_a_failed_step_still_answers_a_request_that_left_the_engine_at_its_start
     from minigpt.api import make_request
     from minigpt.serve import EngineThread, Ticket
 
-    forward = engine_module.forward_batch
-
-    def failing(gpt, feeds, caches, keep):
-        if any(7777 in list(f) for f in feeds):
-            raise RuntimeError("injected fault")
-        return forward(gpt, feeds, caches, keep)
-
-    monkeypatch.setattr(engine_module, "forward_batch", failing)
+    fail_steps_feeding(7777, monkeypatch)
     updates = {}
     tickets = [Ticket(0, make_request(model, ids, n), False, lambda u, name=name: updates.setdefault(name, []).append(u))
                for name, ids, n in (("failing", [7777, 1], 3), ("nothing to generate", [1, 2], 0))]
