@@ -96,9 +96,10 @@ def check_ids(ids, vocab_size: int) -> np.ndarray:
 
 
 def check_cache(config: GPT2Config, cache: object) -> KVCache | PagedCache:
-    """`cache` if it fits this model: a KVCache (model.new_cache()) or a pool's PagedCache; else
-    InputError naming what does not fit. A cache made by a model of other shapes would fail inside
-    NumPy or, with only the layer count different, be silently accepted."""
+    """`cache` if it fits this model (its length and page numbers then Python ints): a KVCache
+    (model.new_cache()) or a pool's PagedCache; else InputError naming what does not fit. A cache
+    made by a model of other shapes would fail inside NumPy or, with only the layer count different,
+    be silently accepted."""
     if isinstance(cache, PagedCache):
         arrays, n_slots = {"k": cache.pool.k, "v": cache.pool.v}, cache.pool.n_pages
     elif isinstance(cache, KVCache):

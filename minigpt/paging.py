@@ -280,13 +280,13 @@ def clear_page_tail(cache: KVCache | PagedCache, end: int) -> None:
     (a length set back by hand, a forward stopped midway): the exact kernels read a sequence's last
     page whole, those slots included (minigpt.kernels, point 4). Model.forward does it before each
     forward; the library's own loops never leave anything there."""
-    if isinstance(cache, KVCache):
-        k, v, slots = cache.k, cache.v, slice(end, min(cache.capacity, PAGE * pages_for(end)))
-    elif end % PAGE and end // PAGE < len(cache.pages):
-        first = cache.pages[end // PAGE] * PAGE
-        k, v, slots = cache.pool.k, cache.pool.v, slice(first + end % PAGE, first + PAGE)
-    else:
+    stop = min(cache.capacity, PAGE * pages_for(end))
+    if end >= stop:
         return
+    if isinstance(cache, KVCache):
+        k, v, slots = cache.k, cache.v, slice(end, stop)
+    else:
+        k, v, slots = cache.pool.k, cache.pool.v, cache.slots(end, stop)  # within one page: a slice
     if np.count_nonzero(v[:, slots].view(np.uint32)) or np.count_nonzero(k[:, slots].view(np.uint32)):
         k[:, slots], v[:, slots] = 0, 0
 
