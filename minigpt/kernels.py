@@ -15,7 +15,8 @@ the whole argument, with its measurements):
    the blocks can be sized for the machine's caches, or by measuring it (minigpt.tuning).
 4. `exact_attend` lets query position t see keys 0 .. L(t)-1, L(t) rounded up to a whole page of
    PAGE keys (keys after t get weight +0.0), scores each key by one dot product, sums each page's
-   16 terms in a fixed order and the pages by a fixed tree. It takes keys in one run or as runs
+   16 terms in a fixed order and the pages by a fixed tree, and divides by the softmax's sum once,
+   at the end. It takes keys in one run or as runs
    of whole pages, read in place when laid out a row per position, as the caches store them (else
    copied into that layout); a cache's last page whole, in place, its slots past the length zeros
    (the caches keep them so; Model.forward clears any a caller left), keys that end inside a page
@@ -266,27 +267,26 @@ def _groups(parts: list[Queries]) -> list[list[_Unit]]:
 
 
 def _add_pages(pages: np.ndarray) -> np.ndarray:
-    """Sum over the third axis, [H, G, P, ...] -> [H, G, ...] (pages contiguous), by a fixed tree
-    over P2 pages, P rounded up to a power of two: in place, the second half of the pages added to
-    the first until one is left. Pages P .. P2-1 are taken as -0.0: those additions change nothing
-    (x + -0.0 == x for every float x, -0.0 included), so they are not made. A row's own pages past
-    its last are -0.0 too, or +0.0 in sums of terms >= 0 (the softmax's). So each row's sum is the
-    tree over its own pages, padded to its own power of two, however many more the other rows of
-    its group have."""
-    H, G, n = pages.shape[:3]
-    flat = pages.reshape(H * G, -1)  # [H G, P x ...]: each half of the pages is one slice of a row
-    width, half = flat.shape[1] // n, 1 << (n - 1).bit_length()  # numbers per page; P2
+    """Sum over the first axis, [P, ...] -> [...], by a fixed tree over P2 pages, P rounded up to a
+    power of two: in place, the second half of the pages added to the first until one is left.
+    Pages P .. P2-1 are taken as -0.0: those additions change nothing (x + -0.0 == x for every
+    float x, -0.0 included), so they are not made. A row's own pages past its last are -0.0 too,
+    or +0.0 in sums of terms >= 0 (the softmax's). So each row's sum is the tree over its own
+    pages, padded to its own power of two, however many more the other rows of its group have."""
+    n = pages.shape[0]
+    half = 1 << (n - 1).bit_length()  # P2
     while half > 1:
         half //= 2
         pairs = n - half  # pages i < pairs have a partner i + half that is held
-        np.add(flat[:, :pairs * width], flat[:, half * width:n * width], out=flat[:, :pairs * width])
+        np.add(pages[:pairs], pages[half:n], out=pages[:pairs])
         n = half
-    return pages[:, :, 0]
+    return pages[0]
 
 
-def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray]:
+def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact attention for one group of units, consecutive rows of q [H, N, hd]: their outputs
-    [H, G, hd] and their weights [H, G, L] (G rows; L keys, the widest row's)."""
+    [H, G, hd], and their weights [H, G, L] before and the sums [H, G, 1] they are divided by
+    (G rows; L keys, the widest row's)."""
     n_head, _, head_dim = q.shape
     rows = slice(units[0].rows.start, units[-1].rows.stop)  # [G] rows of q
     P = max(u.n_pages for u in units)
@@ -303,8 +303,8 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray]:
             np.matmul(k[:, None], q[:, u.rows, :, None], out=scores[:, a:b, key:key + m, None])  # [H, n, m, 1]
             key += m
 
-    # pass 2: hide the future, scale, softmax. The maximum does not depend on order; the sum is
-    # taken page by page (16 keys, a fixed order), then over the pages by a tree.
+    # pass 2: hide the future, scale, exponentiate (the softmax before its division). The maximum
+    # does not depend on order; each page's 16 weights are summed in a fixed order, beside its values.
     for u, a, b in spans:  # keys after a row's position: weight exactly 0.0
         if b - a == 1:
             scores[:, a, u.first + 1:] = -np.inf
@@ -313,32 +313,35 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray]:
             np.copyto(scores[:, a:b, u.first + 1:], -np.inf, where=future)
     scores /= np.float32(math.sqrt(head_dim))
     scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)
-    np.exp(scores, out=scores)
-    sums = np.add.reduce(scores.reshape(n_head, G, P, PAGE), axis=-1)  # [H, G, P]
-    scores /= _add_pages(sums)[..., None]  # [H, G, L]: the weights
+    np.exp(scores, out=scores)  # [H, G, L]: the weights, before they are divided by their sum
+    pages = np.empty((P, n_head, G, head_dim + 1), np.float32)  # [P, H, G, hd | the page's sum]
+    partials = pages.transpose(1, 2, 0, 3)  # [H, G, P, hd + 1] view
+    np.add.reduce(scores.reshape(n_head, G, P, PAGE), axis=-1, out=partials[..., head_dim])
 
-    # pass 3: the weighted sum of values, one page (16 keys) at a time: [PAGE] @ [PAGE, hd] -> [hd].
-    partials = np.empty((n_head, G, P, head_dim), np.float32)  # [H, G, P, hd]
+    # pass 3: each page's weighted sum of values, 16 keys at a time: [PAGE] @ [PAGE, hd] -> [hd].
     for u, a, b in spans:
         if u.n_pages < P:
-            partials[:, a:b, u.n_pages:] = -0.0  # pages past the unit's last add nothing
+            partials[:, a:b, u.n_pages:, :head_dim] = -0.0  # pages past the unit's last add nothing
         page = 0
         for _, v in u.pages:
             p = v.shape[1] // PAGE
             w = scores[:, a:b, page * PAGE:(page + p) * PAGE].reshape(n_head, b - a, p, 1, PAGE)
-            np.matmul(w, v.reshape(n_head, 1, p, PAGE, head_dim), out=partials[:, a:b, page:page + p, None])
+            np.matmul(w, v.reshape(n_head, 1, p, PAGE, head_dim), out=partials[:, a:b, page:page + p, None, :head_dim])
             page += p
 
-    # pass 4: each query's pages added up by the same tree.
-    return _add_pages(partials), scores  # [H, G, P, hd] -> [H, G, hd]
+    # pass 4: each query's pages added up by a fixed tree, values and weights' sums alike; the
+    # values divided by the sum once, at the end.
+    total = _add_pages(pages)  # [P, H, G, hd + 1] -> [H, G, hd + 1]
+    sums = total[..., head_dim:]  # [H, G, 1]
+    return total[..., :head_dim] / sums, scores, sums  # [H, G, hd]
 
 
-def _each_group(q: np.ndarray, groups: list[list[_Unit]]) -> list[tuple[np.ndarray, np.ndarray]]:
+def _each_group(q: np.ndarray, groups: list[list[_Unit]]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """_attend for every group, the groups dealt out in turn between minigpt's threads: a group's
     rows are its own, and its bits do not depend on the thread that computes it."""
     n_threads = min(threads(), len(groups)) if _workers() is not None else 1
 
-    def run(first: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    def run(first: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         return [_attend(q, units) for units in groups[first::n_threads]]
     if n_threads == 1:  # alone: no handing out
         return run(0)
@@ -355,12 +358,12 @@ def exact_attend_batch(q: np.ndarray, parts: list[Queries], record: bool = False
     each group in four passes (`_attend`), the groups dealt between minigpt's threads."""
     q = np.ascontiguousarray(q)
     groups = _groups(parts)
-    results = _each_group(q, groups)  # [([H, G, hd], [H, G, L]), ...]
+    results = _each_group(q, groups)  # [([H, G, hd], [H, G, L], [H, G, 1]), ...]
     if len(groups) == 1:  # its rows are all of q's
         out = results[0][0]
     else:
         out = np.empty_like(q)  # [H, N, hd]
-        for units, (values, _) in zip(groups, results):
+        for units, (values, _, _) in zip(groups, results):
             out[:, units[0].rows.start:units[-1].rows.stop] = values
     if not record:
         return out, [None] * len(parts)
@@ -368,8 +371,8 @@ def exact_attend_batch(q: np.ndarray, parts: list[Queries], record: bool = False
     row_of = {}  # q row -> (part, its row in the part)
     for i, p in enumerate(parts):
         row_of.update({r: (i, r - p.rows.start) for r in range(p.rows.start, p.rows.stop)})
-    for units, (_, w) in zip(groups, results):
-        g = 0
+    for units, (_, scores, sums) in zip(groups, results):
+        w, g = scores / sums, 0  # [H, G, L]: the weights
         for u in units:
             for r in range(u.rows.start, u.rows.stop):
                 i, t = row_of[r]
