@@ -224,12 +224,15 @@ def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarra
     return runs
 
 
+def _laid_out(a: np.ndarray) -> bool:
+    """Whether a [H, n, hd] is a view of a row per position [n, H, hd], as the caches store keys."""
+    H, _, hd = a.shape
+    return a.strides == (hd * a.itemsize, H * hd * a.itemsize, a.itemsize)
+
+
 def _rows(a: np.ndarray) -> np.ndarray:
     """a [H, n, hd] as a view of a row per position [n, H, hd]: itself if it is one, else a copy."""
-    H, _, hd = a.shape
-    if a.strides == (hd * a.itemsize, H * hd * a.itemsize, a.itemsize):
-        return a
-    return np.ascontiguousarray(a.transpose(1, 0, 2)).transpose(1, 0, 2)
+    return a if _laid_out(a) else np.ascontiguousarray(a.transpose(1, 0, 2)).transpose(1, 0, 2)
 
 
 def _cut(runs: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -288,13 +291,14 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, 
     [H, G, hd], and their weights [H, G, L] before and the sums [H, G, 1] they are divided by
     (G rows; L keys, the widest row's)."""
     n_head, _, head_dim = q.shape
-    rows = slice(units[0].rows.start, units[-1].rows.stop)  # [G] rows of q
-    P = max(u.n_pages for u in units)
-    G, L = rows.stop - rows.start, PAGE * P
-    spans = [(u, u.rows.start - rows.start, u.rows.stop - rows.start) for u in units]  # unit, its rows a .. b-1
+    r0 = units[0].rows.start  # the group's rows of q: r0 .. r0 + G - 1
+    G, P = units[-1].rows.stop - r0, max([u.n_pages for u in units])
+    L = PAGE * P
+    spans = [(u, u.rows.start - r0, u.rows.stop - r0) for u in units]  # unit, its rows a .. b-1
 
     # pass 1: scores. One gemv per query over each run of its keys, [m, hd] @ [hd] -> [m]: a key's
-    # score is one dot product, the same whatever run or group it is computed in.
+    # score is one dot product, the same whatever run or group it is computed in. Keys after a
+    # row's position get -inf: weight exactly 0.0.
     scores = np.empty((n_head, G, L), np.float32)  # [H, G, L]
     for u, a, b in spans:
         key = 0
@@ -302,15 +306,14 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, 
             m = k.shape[1]
             np.matmul(k[:, None], q[:, u.rows, :, None], out=scores[:, a:b, key:key + m, None])  # [H, n, m, 1]
             key += m
-
-    # pass 2: hide the future, scale, exponentiate (the softmax before its division). The maximum
-    # does not depend on order; each page's 16 weights are summed in a fixed order, beside its values.
-    for u, a, b in spans:  # keys after a row's position: weight exactly 0.0
         if b - a == 1:
             scores[:, a, u.first + 1:] = -np.inf
         else:
             future = np.arange(u.first + 1, L) > np.arange(u.first, u.first + b - a)[:, None]  # [b - a, keys]
             np.copyto(scores[:, a:b, u.first + 1:], -np.inf, where=future)
+
+    # pass 2: scale, exponentiate (the softmax before its division). The maximum does not depend
+    # on order; each page's 16 weights are summed in a fixed order, beside its values.
     scores /= np.float32(math.sqrt(head_dim))
     scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)
     np.exp(scores, out=scores)  # [H, G, L]: the weights, before they are divided by their sum
@@ -386,7 +389,12 @@ def exact_attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int | None
     """layers.attend's contract, exactly: q [H, T, hd], k and v [H, S, hd] -> [H, T, hd]. Slots
     past the length that a cache hands (zeros) let its last page be read whole, in place."""
     S = k.shape[1] if length is None else length
-    end = min(k.shape[1], PAGE * -(-S // PAGE))  # to the end of the last page, if k holds it
+    n_pages = -(-S // PAGE)
+    end = min(k.shape[1], PAGE * n_pages)  # to the end of the last page, if k holds it
+    if q.shape[1] == 1 and end == PAGE * n_pages and _laid_out(k) and _laid_out(v):
+        # a decode step over a cache: its one unit, built here (as _groups would) and read in place
+        unit = _Unit(slice(0, 1), S - 1, n_pages, [(k[:, :end], v[:, :end])])
+        return _attend(np.ascontiguousarray(q), [unit])[0]
     return exact_attend_batch(q, [Queries(slice(0, q.shape[1]), S, [(k[:, :end], v[:, :end])])])[0]
 
 
