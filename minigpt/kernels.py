@@ -41,6 +41,10 @@ from .tuning import Tuning, current, threads
 PAGE = 16  # keys per attention page: the unit of every sum over keys
 ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (point 2 above)
 GROUP_ROW_PAGES = 64  # query rows x pages attended together: a decode batch of short sequences is one group
+# The exact attention sums values times exponentials before it divides by their sum; taken this far
+# below a row's maximum (each at most 2**-16), they keep that sum finite wherever the divided one
+# is, for rows of up to 2**16 keys.
+HEADROOM = np.float32(16 * math.log(2))
 
 # A sequence's keys and values as runs of positions, in order: [(k, v), ...], each [H, n, hd]; every
 # run but the last holds a whole number of pages, and the last ends at the sequence's length or at
@@ -312,10 +316,11 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, 
             future = np.arange(u.first + 1, L) > np.arange(u.first, u.first + b - a)[:, None]  # [b - a, keys]
             np.copyto(scores[:, a:b, u.first + 1:], -np.inf, where=future)
 
-    # pass 2: scale, exponentiate (the softmax before its division). The maximum does not depend
-    # on order; each page's 16 weights are summed in a fixed order, beside its values.
+    # pass 2: scale, exponentiate (the softmax before its division), HEADROOM below the row's
+    # maximum, which does not depend on order; each page's 16 weights are summed in a fixed order,
+    # beside its values.
     scores /= np.float32(math.sqrt(head_dim))
-    scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)
+    scores -= np.maximum.reduce(scores, axis=-1, keepdims=True) + HEADROOM
     np.exp(scores, out=scores)  # [H, G, L]: the weights, before they are divided by their sum
     pages = np.empty((P, n_head, G, head_dim + 1), np.float32)  # [P, H, G, hd | the page's sum]
     partials = pages.transpose(1, 2, 0, 3)  # [H, G, P, hd + 1] view

@@ -98,6 +98,18 @@ def test_attention_matches_float64_reference(kernels, start, T, rng):
     assert np.all(weights[:, future] == 0.0)
 
 
+@pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
+@pytest.mark.parametrize("S", [16, 17, 1024])
+def test_attention_of_values_near_the_float32_limit_stays_finite(kernels, S):
+    """Equal scores and every value 3e38: the output is 3e38. The exact kernel divides by the
+    softmax's sum last, so its undivided sums must keep that headroom (they would reach S x 3e38)."""
+    q, k = np.zeros((2, 1, 4), np.float32), np.zeros((2, S, 4), np.float32)
+    v = np.full((2, S, 4), 3e38, np.float32)
+    with np.errstate(over="raise", invalid="raise"):
+        out = kernels.attend(q, k, v)
+    np.testing.assert_allclose(out, 3e38, rtol=1e-5)
+
+
 def test_layers_match_torch_where_installed(rng):
     torch = pytest.importorskip("torch", reason="torch (the `parity` extra) is the second reference")
     x = rng.standard_normal((6, 32), dtype=np.float32)
