@@ -8,18 +8,30 @@
     results = minigpt.generate_batch(model, [ids, ids[:1]], max_new_tokens=20)   # together, each as if alone
     logprobs = minigpt.score(model, ids)             # log P(ids[i] | ids[:i]) for i >= 1
 
-The modules are the chapters; read them in the order of the README's table (docs/README.md
-follows it): GPT-2 plainly, the KV cache, the loop and its cost, exactness, the engine, loading
-and checking, scripted use. The names below are imported on first use, so `import minigpt`
+The packages are the book's parts, read in this order (docs/README.md follows it); each package's
+docstring lists its modules in reading order:
+
+    errors    0. one exception hierarchy, importable from anywhere
+    gpt2      1. GPT-2, plainly
+    cache     2. the KV cache
+    loop      3. the loop and what it costs
+    exact     4. new: exactness
+    engine    5. the engine
+    loading   6. loading and checking
+    scripted  7. scripted use
+    cli       7. `python -m minigpt ...`, one module per command
+ The names below are imported on first use, so `import minigpt`
 loads nothing else and changes no process state.
 """
 
 import importlib
 
 _EXPORTS = {  # name -> the module that defines it
-    "GPT2Config": "config", "KVCache": "kv_cache", "GenerationResult": "sequence", "StreamedToken": "sequence",
-    "Model": "model", "encode": "tokenizer", "gpt2_tokenizer": "tokenizer", "load": "loading",
-    "generate": "api", "stream": "api", "generate_batch": "api", "Engine": "api", "score": "api", "prove": "api",
+    "GPT2Config": "gpt2.config", "KVCache": "cache.kv_cache", "GenerationResult": "loop.sequence",
+    "StreamedToken": "loop.sequence", "Model": "loading.model", "encode": "loading.tokenizer",
+    "gpt2_tokenizer": "loading.tokenizer", "load": "loading.loader", "generate": "scripted.api",
+    "stream": "scripted.api", "generate_batch": "scripted.api", "Engine": "scripted.api", "score": "scripted.api",
+    "prove": "scripted.api",
     "MinigptError": "errors",
 }
 __all__ = [*_EXPORTS, "errors"]

@@ -19,15 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
-from minigpt.checkpoint import PREFIX, save_checkpoint  # noqa: E402
+from minigpt.loading.checkpoint import PREFIX, save_checkpoint  # noqa: E402
 from minigpt.cli import Parser  # noqa: E402
 from minigpt.cli.common import non_negative_int, positive_int  # noqa: E402
-from minigpt.config import GPT2_SIZES  # noqa: E402
+from minigpt.gpt2.config import GPT2_SIZES  # noqa: E402
 from minigpt.errors import TokenizerError  # noqa: E402
-from minigpt.loading import EMBEDDED  # noqa: E402
-from minigpt.weights import random_params  # noqa: E402
-from minigpt.safetensors_format import ENCODINGS  # noqa: E402
-from minigpt.tokenizer import BPE_FILE_PAIRS, find_bpe_files  # noqa: E402
+from minigpt.loading.loader import EMBEDDED  # noqa: E402
+from minigpt.loading.weights import random_params  # noqa: E402
+from minigpt.loading.safetensors_format import ENCODINGS  # noqa: E402
+from minigpt.loading.tokenizer import BPE_FILE_PAIRS, find_bpe_files  # noqa: E402
 
 SIZES = {**GPT2_SIZES, "random-tiny": EMBEDDED["random-tiny"]}
 HUB_BPE_FILES = BPE_FILE_PAIRS[-1]  # (merges.txt, vocab.json): the names a checkpoint carries them under

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a test that reached for the hub would fail, not hang
 
-from minigpt.tokenizer import PACKAGED_BPE, packaged_tables  # noqa: E402 (after HF_HUB_OFFLINE)
+from minigpt.loading.tokenizer import PACKAGED_BPE, packaged_tables  # noqa: E402 (after HF_HUB_OFFLINE)
 
 # "dev" for local runs; "ci" bounds the examples and time. Both print the @reproduce_failure blob.
 settings.register_profile("dev", max_examples=50, deadline=None, print_blob=True,
@@ -32,7 +32,7 @@ def bpe_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from minigpt.tokenizer import gpt2_tokenizer
+    from minigpt.loading.tokenizer import gpt2_tokenizer
 
     return gpt2_tokenizer()
 
@@ -48,13 +48,13 @@ def tiny_model():
 
 @pytest.fixture
 def loop_feeds(monkeypatch) -> list[int]:
-    """The number of ids each forward of minigpt.loops' two loops is given, appended as they run."""
-    import minigpt.loops
+    """The number of ids each forward of minigpt.loop.loops' two loops is given, appended as they run."""
+    import minigpt.loop.loops
 
     fed = []
     for name in ("forward", "forward_cached"):
-        def counted(gpt, ids, *args, real=getattr(minigpt.loops, name), **kwargs):
+        def counted(gpt, ids, *args, real=getattr(minigpt.loop.loops, name), **kwargs):
             fed.append(len(ids))
             return real(gpt, ids, *args, **kwargs)
-        monkeypatch.setattr(minigpt.loops, name, counted)
+        monkeypatch.setattr(minigpt.loop.loops, name, counted)
     return fed

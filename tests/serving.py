@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed (pip install -e '.[serve]')")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install -e '.[serve]')")
 
-from minigpt.api import Engine  # noqa: E402
-from minigpt.serve import Service, bind, server  # noqa: E402
+from minigpt.scripted.api import Engine  # noqa: E402
+from minigpt.scripted.serve import Service, bind, server  # noqa: E402
 
 HOST = "127.0.0.1"
 

@@ -30,19 +30,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import minigpt
-import minigpt.loading
-import minigpt.gpt2
-import minigpt.kv_cache
-import minigpt.paging
-import minigpt.tracing
-from minigpt.paging import PagedCache, PagePool
-from minigpt.checkpoint import save_checkpoint
-from minigpt.config import GPT2Config
-from minigpt.api import prove
+import minigpt.loading.loader
+import minigpt.gpt2.forward
+import minigpt.cache.kv_cache
+import minigpt.engine.paging
+import minigpt.exact.tracing
+from minigpt.engine.paging import PagedCache, PagePool
+from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.gpt2.config import GPT2Config
+from minigpt.scripted.api import prove
 from minigpt.errors import (CheckpointError, ConfigError, ContextLengthError, InputError, MinigptError,
                             ModelNotFoundError, NumericalError, OfflineError, TokenizerError, UnsafeCheckpointError)
-from minigpt.weights import params_from_tensors, params_to_tensors, random_params
-from minigpt.safetensors_format import read_safetensors, write_safetensors
+from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params
+from minigpt.loading.safetensors_format import read_safetensors, write_safetensors
 
 # vocab_size 50257 so that GPT-2's tokenizer works with it; everything else as small as it gets.
 TINY = GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=32)
@@ -346,7 +346,7 @@ def test_an_interrupted_download_is_an_error_and_the_next_run_starts_clean(tmp_p
         pytest.fail(f"loaded {directory} after a failed download")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", interrupted)
-    monkeypatch.setattr(minigpt.loading, "load_checkpoint", never_loaded)
+    monkeypatch.setattr(minigpt.loading.loader, "load_checkpoint", never_loaded)
     message = load_error("gpt2", OfflineError)
     assert "'openai-community/gpt2'" in message and "ReadError" in message and "resume" in message
 
@@ -385,7 +385,7 @@ def no_work(monkeypatch):
     def block(*args, **kwargs):
         pytest.fail("a transformer block ran before the request was refused")
 
-    for module in (minigpt.gpt2, minigpt.kv_cache, minigpt.paging):  # every forward's blocks
+    for module in (minigpt.gpt2.forward, minigpt.cache.kv_cache, minigpt.engine.paging):  # every forward's blocks
         monkeypatch.setattr(module, "block", block)
 
 
@@ -980,7 +980,7 @@ def test_a_ctrl_c_while_an_overflow_is_traced_leaves_the_cache_as_it_was(tiny_mo
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(minigpt.tracing, "lm_head", interrupted)
+    monkeypatch.setattr(minigpt.exact.tracing, "lm_head", interrupted)
     with pytest.raises(KeyboardInterrupt), np.errstate(over="ignore", invalid="ignore"):
         huge.forward([13, 14], cache)
     monkeypatch.undo()
@@ -1018,7 +1018,7 @@ def test_a_forward_interrupted_midway_leaves_the_cache_as_it_was(tiny_model, mon
     cache, untouched = new(), new()
     tiny_model.forward([464, 3290], cache)
     tiny_model.forward([464, 3290], untouched)
-    real_block, blocks = minigpt.kv_cache.block, []
+    real_block, blocks = minigpt.cache.kv_cache.block, []
 
     def block(*args):
         blocks.append(1)
@@ -1026,7 +1026,7 @@ def test_a_forward_interrupted_midway_leaves_the_cache_as_it_was(tiny_model, mon
             raise KeyboardInterrupt
         return real_block(*args)
 
-    for module in (minigpt.kv_cache, minigpt.paging):
+    for module in (minigpt.cache.kv_cache, minigpt.engine.paging):
         monkeypatch.setattr(module, "block", block)
     with pytest.raises(KeyboardInterrupt):
         tiny_model.forward([13, 14], cache)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import minigpt
-import minigpt.api
-from minigpt.api import Engine, generate_batch, make_requests
+import minigpt.scripted.api
+from minigpt.scripted.api import Engine, generate_batch, make_requests
 from minigpt.errors import ContextLengthError, InputError
-from minigpt.kernels import PAGE
+from minigpt.exact.kernels import PAGE
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +95,8 @@ def test_a_pool_that_cannot_be_reserved_is_an_input_error_naming_what_to_lower(m
 def test_generate_batch_holds_no_more_than_a_whole_context_per_prompt(model, monkeypatch):
     """A huge max_batch_size or kv_cache_tokens allocates no more than the prompts can use at once."""
     sizes = []
-    real = minigpt.api.PagePool.__init__
-    monkeypatch.setattr(minigpt.api.PagePool, "__init__",
+    real = minigpt.scripted.api.PagePool.__init__
+    monkeypatch.setattr(minigpt.scripted.api.PagePool, "__init__",
                         lambda self, config, n: (sizes.append(n), real(self, config, n))[1])
     generate_batch(model, [[1]] * 2, 4, max_batch_size=10**30)
     generate_batch(model, [[1]] * 2, 4, kv_cache_tokens=10**30)
@@ -137,7 +137,7 @@ def test_a_page_is_zeroed_when_taken_so_a_last_page_read_whole_reads_no_old_keys
     """The exact kernels read a sequence's last page whole: a page taken from the pool holds zeros,
     whatever an earlier sequence left in it (here NaN everywhere), and the logits are those of a
     fresh pool, bit for bit."""
-    from minigpt.paging import PagePool, forward_batch
+    from minigpt.engine.paging import PagePool, forward_batch
 
     def logits(pool):
         cache = pool.new_cache()
@@ -158,7 +158,7 @@ def test_a_length_set_back_by_hand_continues_bitwise_as_a_truncated_cache(model,
         if not paged:
             cache = model.new_cache(64)
         else:
-            pool = minigpt.api.PagePool(model.config, 4)
+            pool = minigpt.scripted.api.PagePool(model.config, 4)
             cache = pool.new_cache()
             pool.grow(cache, 64)
         model.forward(ids, cache)

@@ -1,5 +1,6 @@
-"""The book's layout is its table of contents: the README's table of parts, the import graph and
-part 1's plainness, checked against the code."""
+"""The book's layout is its table of contents: the parts are packages, listed in order by minigpt's
+docstring; each part's docstring lists its modules in reading order; the README's table agrees, no
+module imports one of a later part (or a later module of its own part), and part 1 is plain."""
 
 from __future__ import annotations
 
@@ -12,10 +13,77 @@ PACKAGE = ROOT / "minigpt"
 PART_1_WORDS = re.compile(r"page|slot|span|segment", re.IGNORECASE)  # the engine's vocabulary
 
 
-def parts() -> dict[str, int]:
-    """module name -> its part number, read from the README's table ("cli" for the package)."""
-    table, part = {}, None
+def docstring_rows(path: Path, heading: str | None = None) -> list[list[str]]:
+    """The indented `name  text` rows of a module's docstring (after `heading`, if given)."""
+    text = ast.get_docstring(ast.parse(path.read_text()))
+    if heading:
+        text = text.split(heading, 1)[1]
+    return [line.split() for line in text.splitlines() if re.match(r"    \w+\s{2,}\S", line)]
+
+
+def parts() -> list[tuple[str, int]]:
+    """(package, part number) in reading order, from minigpt/__init__.py ("errors" is a module)."""
+    return [(row[0], int(row[1].rstrip("."))) for row in docstring_rows(PACKAGE / "__init__.py")]
+
+
+def modules_of(package: str) -> list[str]:
+    """A part's modules in reading order, from its __init__'s docstring."""
+    if package == "errors":
+        return ["errors"]
+    if package == "cli":
+        return sorted(p.stem for p in (PACKAGE / "cli").glob("*.py") if p.name != "__init__.py")
+    return [row[0] for row in docstring_rows(PACKAGE / package / "__init__.py", "in reading order:")]
+
+
+def reading_order() -> dict[tuple[str, str], int]:
+    """(package, module) -> its place in the book; cli's modules share one place (its commands are apart)."""
+    order, place = {}, 0
+    for package, _ in parts():
+        for module in modules_of(package):
+            order[(package, module)] = place
+            place += package != "cli"
+        place += 1
+    return order
+
+
+def location(path: Path) -> tuple[str, str]:
+    relative = path.relative_to(PACKAGE)
+    return (relative.parts[0], relative.stem) if len(relative.parts) > 1 else (relative.stem, relative.stem)
+
+
+def imported(path: Path) -> set[tuple[str, str]]:
+    """The (package, module) pairs a file of the package imports, resolved from its relative imports."""
+    package = location(path)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or not node.level:
+            continue
+        dotted = (node.module or "").split(".") if node.module else []
+        base = [package] if node.level == 1 else []
+        names = base + dotted
+        if len(names) >= 2:
+            found.add((names[0], names[1]))
+        elif len(names) == 1 and names[0] in ("errors",):
+            found.add(("errors", "errors"))
+        else:
+            found.update((names[0], alias.name) for alias in node.names)
+    return found
+
+
+def sources() -> list[Path]:
+    return [p for p in PACKAGE.rglob("*.py") if p.parent != PACKAGE or p.stem == "errors"
+                                                 if p.name != "__init__.py" or p.parent.name == "cli"]
+
+
+def test_every_module_is_listed_once_by_its_part_in_the_tree():
+    listed = reading_order()
+    found = {location(p) for p in sources()} - {("cli", "__init__")}
+    assert found == set(listed), f"not listed: {found - set(listed)}; listed only: {set(listed) - found}"
+
+
+def test_the_readme_table_lists_the_tree_s_parts_and_modules_in_its_order():
     section = ROOT.joinpath("README.md").read_text().split("## The book", 1)[1].split("\n## ", 1)[0]
+    rows, part = [], None
     for row in section.splitlines():
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
         if len(cells) != 3 or not cells[1].startswith("["):
@@ -23,53 +91,27 @@ def parts() -> dict[str, int]:
         if cells[0]:
             part = int(re.match(r"\**(\d+)\.", cells[0].lstrip("*"))[1])
         for target in re.findall(r"\]\(minigpt/([\w/]+?)(?:\.py|/)\)", cells[1]):
-            table[target] = part
-    return table
+            rows.append((part, tuple(target.split("/")) if "/" in target else (target, target)))
+    tree = [(number, (package, module)) for package, number in parts() for module in modules_of(package)
+            if package != "cli"] + [(7, ("cli", "cli"))]
+    assert rows == tree
 
 
-def module_of(path: Path) -> str:
-    relative = path.relative_to(PACKAGE)
-    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
-
-
-def imported(path: Path) -> set[str]:
-    """The minigpt modules a file imports (relative imports, resolved to top-level module names)."""
-    names, inside_cli = set(), path.parent.name == "cli"
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            in_package = node.level == 1 and not inside_cli or node.level == 2 and inside_cli
-            if node.module:
-                top = node.module.split(".")[0]
-                names.add("cli" if not in_package else top)
-            elif in_package:
-                names.update(alias.name for alias in node.names)
-            else:
-                names.add("cli")
-    return names
-
-
-def sources() -> list[Path]:
-    return [p for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py") or p.parent.name == "cli"]
-
-
-def test_every_module_is_in_the_readme_table_once():
-    table = parts()
-    modules = {module_of(p) for p in sources()}
-    assert modules == set(table), f"not in the table: {modules - set(table)}; in the table only: {set(table) - modules}"
-
-
-def test_no_module_imports_a_module_of_a_later_part():
-    table, later = parts(), []
+def test_no_module_imports_a_later_part_or_a_later_module_of_its_own_part():
+    order, later = reading_order(), []
     for path in sources():
-        mine = table[module_of(path)]
-        for name in imported(path) - {"errors", module_of(path)}:
-            if table[name] > mine:
-                later.append(f"{path.relative_to(ROOT)} (part {mine}) imports {name} (part {table[name]})")
+        mine = location(path)
+        place = order.get(mine, order.get(("cli", "common")))
+        for other in imported(path) - {("errors", "errors"), mine}:
+            if other[0] == "cli" and mine[0] == "cli":
+                continue
+            if order[other] >= place:
+                later.append(f"{path.relative_to(ROOT)} imports {'.'.join(other)}, later in the book")
     assert not later, "\n".join(later)
 
 
 def test_part_1_is_gpt2_plainly_no_validation_no_engine_vocabulary_at_most_300_code_lines():
-    files = [PACKAGE / f"{name}.py" for name, part in parts().items() if part == 1]
+    files = [PACKAGE / "gpt2" / f"{name}.py" for name in modules_of("gpt2")]
     code_lines = 0
     for path in files:
         source = path.read_text()

@@ -1,4 +1,4 @@
-"""The causal-mask proof (minigpt.causal_proof) and `python -m minigpt prove`.
+"""The causal-mask proof (minigpt.exact.causal_proof) and `python -m minigpt prove`.
 
 The proof must pass on a correct model and must fail, at the right cells, on kernels that break
 batch invariance or the mask; its bit comparisons must see a single flipped bit.
@@ -13,16 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minigpt.api import prove
-from minigpt.causal_proof import COLUMNS, compare
-from minigpt.checkpoint import save_checkpoint
+from minigpt.scripted.api import prove
+from minigpt.exact.causal_proof import COLUMNS, compare
+from minigpt.loading.checkpoint import save_checkpoint
 from minigpt.cli import main
 from minigpt.cli.prove import render
-from minigpt.config import GPT2Config
+from minigpt.gpt2.config import GPT2Config
 from minigpt.errors import InputError
-from minigpt.kernels import EXACT, Kernels
+from minigpt.exact.kernels import EXACT, Kernels
 from minigpt import load
-from minigpt.weights import random_params
+from minigpt.loading.weights import random_params
 
 PROMPT = [464, 1332, 9335, 318]  # "The causal mask is"
 FIXTURES = Path(__file__).parent / "fixtures"

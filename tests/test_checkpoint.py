@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from minigpt.checkpoint import INDEX_FILE, load_checkpoint, save_checkpoint
-from minigpt.config import GPT2Config
-from minigpt.weights import expected_shapes, params_to_tensors, random_params
-from minigpt.safetensors_format import bfloat16_to_float32, float32_to_bfloat16, read_header
+from minigpt.loading.checkpoint import INDEX_FILE, load_checkpoint, save_checkpoint
+from minigpt.gpt2.config import GPT2Config
+from minigpt.loading.weights import expected_shapes, params_to_tensors, random_params
+from minigpt.loading.safetensors_format import bfloat16_to_float32, float32_to_bfloat16, read_header
 
 CONFIG = GPT2Config(vocab_size=32, n_positions=16, n_embd=8, n_layer=2, n_head=2, eos_token_id=31)
 PARAMS = random_params(CONFIG, seed=3)

@@ -25,13 +25,13 @@ import pytest
 from test_cli_errors import environment
 
 import minigpt
-import minigpt.api
+import minigpt.scripted.api
 import minigpt.cli.batch
-import minigpt.engine
-from minigpt.checkpoint import save_checkpoint
+import minigpt.engine.scheduler
+from minigpt.loading.checkpoint import save_checkpoint
 from minigpt.cli import main
-from minigpt.config import GPT2Config
-from minigpt.weights import random_params
+from minigpt.gpt2.config import GPT2Config
+from minigpt.loading.weights import random_params
 
 SMALL = GPT2Config(vocab_size=300, n_positions=64, n_embd=16, n_layer=2, n_head=2, eos_token_id=None)
 SUMMARY = re.compile(r"(\d+) requests, ([\d,]+) tokens, ([\d.]+) s, ([\d,.]+) tokens/s, peak ([\d,]+) of ([\d,]+) "
@@ -94,10 +94,10 @@ def assert_same(output: dict, result: minigpt.GenerationResult) -> None:
 def test_lines_come_out_in_input_order_although_later_ones_finish_first(capsys, tmp_path, small, small_model):
     lines = [{"prompt_ids": [1, 2, 3], "max_new_tokens": 12}, {"prompt_ids": [4], "max_new_tokens": 2},
              {"prompt_ids": [5, 6], "max_new_tokens": 6}]
-    requests = minigpt.api.make_requests(small_model, [line["prompt_ids"] for line in lines], dict(
+    requests = minigpt.scripted.api.make_requests(small_model, [line["prompt_ids"] for line in lines], dict(
         max_new_tokens=[line["max_new_tokens"] for line in lines], temperature=0.0, top_k=None, top_p=None,
         seed=None, stop=None, stop_at_eos=True, top_logprobs=0))
-    engine = minigpt.api.Engine(small_model, max_batch_size=16)
+    engine = minigpt.scripted.api.Engine(small_model, max_batch_size=16)
     assert [i for i, _ in engine.results(requests, [False] * 3)] == [1, 2, 0]  # the premise
     code, outputs, err = batch(capsys, tmp_path, lines, small)
     assert code == 0, err
@@ -149,14 +149,14 @@ def test_a_tight_pool_preempts_and_every_line_still_gets_its_tokens_alone(capsys
 
 
 def test_each_line_is_written_as_soon_as_it_and_every_line_before_it_are_done(capsys, tmp_path, small, monkeypatch):
-    target, real_run, seen = tmp_path / "out.jsonl", minigpt.api.Engine.results, []
+    target, real_run, seen = tmp_path / "out.jsonl", minigpt.scripted.api.Engine.results, []
 
     def spy(*args, **kwargs):
         for i, result in real_run(*args, **kwargs):
             yield i, result
             seen.append((i, len(target.read_text().splitlines())))  # resumed: the CLI has handled result i
 
-    monkeypatch.setattr(minigpt.api.Engine, "results", spy)
+    monkeypatch.setattr(minigpt.scripted.api.Engine, "results", spy)
     lengths = [9, 3, 1, 6]
     code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1], "max_new_tokens": n} for n in lengths], small)
     assert code == 0, err
@@ -241,7 +241,7 @@ def test_a_bad_line_fails_the_run_before_any_work_naming_the_line(capsys, tmp_pa
     def no_work(*args, **kwargs):
         raise AssertionError("the scheduler ran")
 
-    monkeypatch.setattr(minigpt.engine.Scheduler, "step", no_work)
+    monkeypatch.setattr(minigpt.engine.scheduler.Scheduler, "step", no_work)
     lines = [{"prompt_ids": [1]}, "", bad, {"prompt_ids": [2]}]
     code, outputs, err = batch(capsys, tmp_path, lines, small, *argv)
     assert (code, outputs) == (2, None)  # OUTPUT not even created

@@ -24,9 +24,9 @@ from test_api_errors import ALIASES, BROKEN_CHECKPOINTS, EOT, TINY, ReadError, m
 
 import minigpt
 import minigpt.cli.generate
-from minigpt.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint import save_checkpoint
 from minigpt.cli import main
-from minigpt.weights import params_from_tensors, params_to_tensors, random_params
+from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params
 
 REPO = Path(__file__).resolve().parents[1]
 

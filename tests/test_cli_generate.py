@@ -19,8 +19,8 @@ from test_api_errors import EOT, TINY
 from test_cli_errors import cli, environment
 
 import minigpt
-from minigpt.checkpoint import save_checkpoint
-from minigpt.weights import params_from_tensors, params_to_tensors, random_params
+from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params
 
 PROMPT = "The dog"
 SAMPLED = dict(temperature=1.0, seed=0, stop_at_eos=False)  # 40 tokens of random-tiny, seed 0

@@ -1,4 +1,4 @@
-"""minigpt.cost: lesson 03-01's figures come out of the arithmetic exactly, and the arithmetic matches the code."""
+"""minigpt.loop.cost: lesson 03-01's figures come out of the arithmetic exactly, and the arithmetic matches the code."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 
 from minigpt.cli import main
 from minigpt.cli.cost import times
-from minigpt.config import GPT2_SIZES
-from minigpt.cost import ARCHITECTURES, estimate, gpt2_architecture
+from minigpt.gpt2.config import GPT2_SIZES
+from minigpt.loop.cost import ARCHITECTURES, estimate, gpt2_architecture
 from minigpt.errors import InputError
-from minigpt.loops import cached_steps, naive_steps
-from minigpt.kv_cache import new_cache
-from minigpt.weights import random_params
-from minigpt.api import make_request
-from minigpt.sequence import Sequence
+from minigpt.loop.loops import cached_steps, naive_steps
+from minigpt.cache.kv_cache import new_cache
+from minigpt.loading.weights import random_params
+from minigpt.scripted.api import make_request
+from minigpt.loop.sequence import Sequence
 
 GPT2 = ARCHITECTURES["gpt2"]
 LLAMA = ARCHITECTURES["llama-3-8b"]

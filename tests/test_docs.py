@@ -39,7 +39,7 @@ NOT_MEASURED = {
     ("*", "84.8%"),  # the proof's own count: 112 of 132 token-positions (arithmetic, printed by `prove`)
     # weight scales of the property tests (x Hugging Face's initialisation), not timings
     ("*", "30x"), ("*", "1000x"), ("*", "30 times"), ("*", "1000 times"),
-    # exactness.md: the tuning's shares of the L2 cache (minigpt/tuning.py's defaults), not timings
+    # exactness.md: the tuning's shares of the L2 cache (minigpt/exact/tuning.py's defaults), not timings
     ("exactness.md", "60%"), ("exactness.md", "40%"),
 }
 

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 import minigpt
-from minigpt.config import GPT2Config
-from minigpt.loops import cached_steps, naive_steps
-from minigpt.api import make_request
-from minigpt.sequence import Sequence
-from minigpt.model import Model
-from minigpt.weights import random_params
+from minigpt.gpt2.config import GPT2Config
+from minigpt.loop.loops import cached_steps, naive_steps
+from minigpt.scripted.api import make_request
+from minigpt.loop.sequence import Sequence
+from minigpt.loading.model import Model
+from minigpt.loading.weights import random_params
 
 CONFIG = GPT2Config(vocab_size=50, n_positions=48, n_embd=16, n_layer=2, n_head=2, eos_token_id=7)
 

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import minigpt.checkpoint
-from minigpt.checkpoint import load_checkpoint, save_checkpoint
-from minigpt.checkpoint import config_to_dict
-from minigpt.config import GPT2Config
+import minigpt.loading.checkpoint
+from minigpt.loading.checkpoint import load_checkpoint, save_checkpoint
+from minigpt.loading.checkpoint import config_to_dict
+from minigpt.gpt2.config import GPT2Config
 from minigpt.errors import CheckpointError, ConfigError, MinigptError, UnsafeCheckpointError
-from minigpt.weights import expected_shapes, params_to_tensors, random_params
-from minigpt.safetensors_format import ITEMSIZE, write_safetensors
+from minigpt.loading.weights import expected_shapes, params_to_tensors, random_params
+from minigpt.loading.safetensors_format import ITEMSIZE, write_safetensors
 
 CONFIG = GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=2, eos_token_id=None)
 TENSORS = params_to_tensors(random_params(CONFIG, seed=0))
@@ -243,7 +243,7 @@ def test_layers_of_one_tensor_each_back_no_config_size(tmp_path, monkeypatch):
     def expected_shapes(config):
         pytest.fail(f"a table of {config.n_layer} layers' names was built")
 
-    monkeypatch.setattr(minigpt.checkpoint, "expected_shapes", expected_shapes)
+    monkeypatch.setattr(minigpt.loading.checkpoint, "expected_shapes", expected_shapes)
     assert "n_layer 5000, for which GPT-2 has 60004 tensors, but the weights hold 5015" in load_error(tmp_path)
 
 
@@ -259,7 +259,7 @@ def test_a_shape_the_config_does_not_imply_is_refused_before_any_data_is_read(tm
     def read_safetensors(*args, **kwargs):
         pytest.fail("tensor data was read before the header's shapes were checked")
 
-    monkeypatch.setattr(minigpt.checkpoint, "read_safetensors", read_safetensors)
+    monkeypatch.setattr(minigpt.loading.checkpoint, "read_safetensors", read_safetensors)
     assert "tensor 'wpe.weight' has shape [10000, 8], expected [8, 8]" in load_error(tmp_path)
 
 

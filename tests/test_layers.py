@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from minigpt.kernels import EXACT, FAST, Queries, attend_batch
-from minigpt.layers import gelu, layer_norm, merge_heads, split_heads
-from minigpt.params import LayerNorm
+from minigpt.exact.kernels import EXACT, FAST, Queries, attend_batch
+from minigpt.gpt2.layers import gelu, layer_norm, merge_heads, split_heads
+from minigpt.gpt2.params import LayerNorm
 
 RTOL = 1e-5  # of the output scale, for elementwise ops and row reductions
 

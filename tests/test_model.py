@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 import minigpt
-from minigpt.config import GPT2Config
+from minigpt.gpt2.config import GPT2Config
 from minigpt.errors import ContextLengthError, InputError
-from minigpt.kernels import FAST
-from minigpt.model import Model
-from minigpt.tracing import traced_forward
-from minigpt.weights import params_to_tensors
-from minigpt.weights import random_params
+from minigpt.exact.kernels import FAST
+from minigpt.loading.model import Model
+from minigpt.exact.tracing import traced_forward
+from minigpt.loading.weights import params_to_tensors
+from minigpt.loading.weights import random_params
 
 CONFIG = GPT2Config(vocab_size=97, n_positions=40, n_embd=24, n_layer=2, n_head=3, eos_token_id=96)
 

@@ -26,13 +26,13 @@ import numpy as np
 import pytest
 
 import minigpt
-from minigpt.checkpoint import INDEX_FILE, LM_HEAD, PREFIX, save_checkpoint
-from minigpt.config import GPT2_SIZES, GPT2Config
-from minigpt.loops import cached_steps, naive_steps
-from minigpt.weights import random_params
-from minigpt.safetensors_format import read_header
-from minigpt.api import make_request
-from minigpt.sequence import Sequence
+from minigpt.loading.checkpoint import INDEX_FILE, LM_HEAD, PREFIX, save_checkpoint
+from minigpt.gpt2.config import GPT2_SIZES, GPT2Config
+from minigpt.loop.loops import cached_steps, naive_steps
+from minigpt.loading.weights import random_params
+from minigpt.loading.safetensors_format import read_header
+from minigpt.scripted.api import make_request
+from minigpt.loop.sequence import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,7 +92,7 @@ def test_matches_committed_reference(directory, kernels, record_property):
 
 def test_committed_fixtures_cover_every_layout():
     """Between them the fixtures store F32, F16 and BF16, prefixed and bare names, the hub file's
-    mask buffers, a stored lm_head and a sharded index: every layout minigpt.checkpoint accepts."""
+    mask buffers, a stored lm_head and a sharded index: every layout minigpt.loading.checkpoint accepts."""
     found = set()
     for directory in FIXTURE_DIRS:
         found.add("sharded" if (directory / INDEX_FILE).is_file() else "single file")

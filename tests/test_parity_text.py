@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import minigpt
-from minigpt.checkpoint import save_checkpoint
-from minigpt.loading import EMBEDDED
-from minigpt.weights import random_params
-from minigpt.tokenizer import PACKAGED_BPE
+from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.loader import EMBEDDED
+from minigpt.loading.weights import random_params
+from minigpt.loading.tokenizer import PACKAGED_BPE
 
 REASON = "parity with Hugging Face needs torch and transformers: pip install -e '.[parity]'"
 

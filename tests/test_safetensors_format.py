@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from minigpt.errors import CheckpointError
-from minigpt.safetensors_format import (
+from minigpt.loading.safetensors_format import (
     bfloat16_to_float32, float32_to_bfloat16, read_header, read_safetensors, write_safetensors,
 )
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minigpt.checks import check_sampling
+from minigpt.loading.checks import check_sampling
 from minigpt.errors import InputError
-from minigpt.sampling import SamplingOptions, filtered_log_probs, next_token
+from minigpt.loop.sampling import SamplingOptions, filtered_log_probs, next_token
 
 
 def kept(logits, **options) -> set[int]:

@@ -17,13 +17,13 @@ import pytest
 from test_parity import FIXTURE_DIRS, KERNELS, LAYOUTS, LIVE_CONFIG, TOLERANCE, make_fixtures
 
 import minigpt
-import minigpt.scoring
-from minigpt.checkpoint import save_checkpoint
-from minigpt.config import GPT2Config
+import minigpt.scripted.scoring
+from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.gpt2.config import GPT2Config
 from minigpt.errors import InputError
-from minigpt.model import Model
-from minigpt.weights import random_params
-from minigpt.sampling import log_softmax
+from minigpt.loading.model import Model
+from minigpt.loading.weights import random_params
+from minigpt.loop.sampling import log_softmax
 
 
 def gathered(log_probs: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -159,9 +159,9 @@ def test_a_text_of_n_positions_plus_one_tokens_is_one_full_window_in_transformer
     ids = np.random.default_rng(10).integers(0, LIVE_CONFIG.vocab_size, LIVE_CONFIG.n_positions + 1)
     logits = make_fixtures.hf_reference(tmp_path, ids[:-1], 1)["logits"]  # [48, vocab]
     reference = torch.from_numpy(logits).log_softmax(-1).numpy()[np.arange(len(ids) - 1), ids[1:]]
-    model, fed, forward = minigpt.load(tmp_path), [], minigpt.scoring.forward
+    model, fed, forward = minigpt.load(tmp_path), [], minigpt.scripted.scoring.forward
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(minigpt.scoring, "forward",
+        mp.setattr(minigpt.scripted.scoring, "forward",
                    lambda gpt, ids, *a, **kw: fed.append(len(ids)) or forward(gpt, ids, *a, **kw))
         ours = minigpt.score(model, ids)
     error = score_error(ours, reference, logits)

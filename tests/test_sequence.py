@@ -1,4 +1,4 @@
-"""The bookkeeping every loop shares (minigpt.sequence): log-probabilities, finish reasons, and stop
+"""The bookkeeping every loop shares (minigpt.loop.sequence): log-probabilities, finish reasons, and stop
 strings matched across token boundaries, never cutting a character, never left in the result."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minigpt.sampling import SamplingOptions, log_softmax, top_log_probs
-from minigpt.sequence import Request, Sequence, StopMatcher
+from minigpt.loop.sampling import SamplingOptions, log_softmax, top_log_probs
+from minigpt.loop.sequence import Request, Sequence, StopMatcher
 
 # A made-up vocabulary of byte strings: "é" is b"\xc3\xa9", split over tokens 5 and 6.
 VOCAB = [b"a", b"E", b"N", b"D", b"xE", b"\xc3", b"\xa9END", b"<|endoftext|>", b" ", b"\xa9"]

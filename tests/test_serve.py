@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from serving import HOST, get, post, running_server, settled
 
 import minigpt
-from minigpt import engine as engine_module
-from minigpt.sampling import log_softmax, top_log_probs
+from minigpt.engine import scheduler as engine_module
+from minigpt.loop.sampling import log_softmax, top_log_probs
 
 openai = pytest.importorskip("openai", reason="the openai client is not installed (pip install -e '.[test]')")
 
@@ -325,8 +325,8 @@ def test_a_failed_step_still_answers_a_request_that_left_the_engine_at_its_start
     """A request with nothing to generate leaves the engine at the start of a step that then fails
     for another request: it gets its answer, the other its error, and the engine thread goes idle
     and stops (no ticket left behind, no step after step with nothing to do)."""
-    from minigpt.api import make_request
-    from minigpt.serve import EngineThread, Ticket
+    from minigpt.scripted.api import make_request
+    from minigpt.scripted.serve import EngineThread, Ticket
 
     fail_steps_feeding(7777, monkeypatch)
     updates = {}

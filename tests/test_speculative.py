@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 import minigpt
-from minigpt import speculative
-from minigpt.config import GPT2Config
+from minigpt.engine import speculative
+from minigpt.gpt2.config import GPT2Config
 from minigpt.errors import ContextLengthError, DrafterError, InputError
-from minigpt.model import Model
-from minigpt.weights import random_params
-from minigpt.sampling import SamplingOptions, filtered_log_probs
-from minigpt.speculative import NGramDrafter, verify_greedy, verify_sampled
+from minigpt.loading.model import Model
+from minigpt.loading.weights import random_params
+from minigpt.loop.sampling import SamplingOptions, filtered_log_probs
+from minigpt.engine.speculative import NGramDrafter, verify_greedy, verify_sampled
 
 Z_0001 = 3.0902  # the standard normal's 0.999 quantile
 
@@ -243,7 +243,7 @@ def overflowing_token_model(model, token):
     """model with `token`'s embedding so large (1e37) that the forward overflows where it is fed, and
     a final LayerNorm whose output is a constant summing to 0: `token`'s logit is exactly 0, so
     greedy decoding never chooses it."""
-    from minigpt.weights import params_from_tensors, params_to_tensors
+    from minigpt.loading.weights import params_from_tensors, params_to_tensors
     C = model.config.n_embd
     t = params_to_tensors(model.params)
     t["ln_f.weight"] = np.zeros(C, np.float32)
@@ -272,7 +272,7 @@ def test_a_draft_whose_position_overflows_is_rejected_as_plain_decoding_never_fe
     verifies the drafts before it and gives plain decoding's tokens, instead of an error plain
     decoding never meets. A draft model that overflows drafts fewer tokens, not an error."""
     import dataclasses
-    from minigpt.weights import params_from_tensors, params_to_tensors
+    from minigpt.loading.weights import params_from_tensors, params_to_tensors
     tiny = minigpt.load("random-tiny")
     x = 31337
     main = overflowing_token_model(tiny, x)

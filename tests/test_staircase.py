@@ -1,4 +1,4 @@
-"""minigpt.staircase and `python -m minigpt staircase`: smoke tests on random-tiny (no timing asserted)."""
+"""minigpt.loop.staircase and `python -m minigpt staircase`: smoke tests on random-tiny (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 from minigpt.cli import main
 from minigpt.errors import MinigptError
-from minigpt.api import generate
-from minigpt.params import LayerNorm
-from minigpt.staircase import MODES, measure, plot
+from minigpt.scripted.api import generate
+from minigpt.gpt2.params import LayerNorm
+from minigpt.loop.staircase import MODES, measure, plot
 
 TINY = ["staircase", "--model", "random-tiny", "--prompt-tokens", "3", "--new-tokens", "4"]
 

@@ -22,8 +22,8 @@ from tiktoken_ext import openai_public
 
 import minigpt
 from minigpt.errors import TokenizerError
-import minigpt.tokenizer
-from minigpt.tokenizer import (ENDOFTEXT, PACKAGED_BPE, PACKAGED_SHA256, find_bpe_files, gpt2_tokenizer,
+import minigpt.loading.tokenizer
+from minigpt.loading.tokenizer import (ENDOFTEXT, PACKAGED_BPE, PACKAGED_SHA256, find_bpe_files, gpt2_tokenizer,
                               valid_text)
 
 EOT = 50256
@@ -178,7 +178,7 @@ def test_packaged_tables_that_are_not_gpt2s_are_a_tokenizer_error(offline, tmp_p
     for name in PACKAGED_SHA256:
         shutil.copyfile(PACKAGED_BPE / name, tmp_path / name)
     (tmp_path / "encoder.json").write_bytes(damage((tmp_path / "encoder.json").read_bytes()))
-    monkeypatch.setattr(minigpt.tokenizer, "PACKAGED_BPE", tmp_path)
+    monkeypatch.setattr(minigpt.loading.tokenizer, "PACKAGED_BPE", tmp_path)
     with pytest.raises(TokenizerError, match=f"packaged BPE table {tmp_path / 'encoder.json'} is not GPT-2's: "
                                              "its SHA-256 is [0-9a-f]{64}, not 1961.*; reinstall minigpt"):
         gpt2_tokenizer()

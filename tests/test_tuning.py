@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from minigpt import tuning
+from minigpt.exact import tuner, tuning
 from minigpt.cli import main
-from minigpt.tuning import Tuning
+from minigpt.exact.tuning import Tuning
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_a_damaged_file_of_kept_choices_is_ignored(cache_home):
 
 
 def test_measure_returns_a_choice_and_the_seconds_of_every_candidate():
-    choice, report = tuning.measure(n_embd=16, vocab_size=300)
+    choice, report = tuner.measure(n_embd=16, vocab_size=300)
     assert isinstance(choice, Tuning) and choice.rows_block > 0 and choice.shared_rows >= 2 and choice.gemm_rows >= 2
     assert all(seconds and all(s > 0 for s in seconds.values()) for seconds in report.values())
 

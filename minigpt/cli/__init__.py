@@ -18,7 +18,7 @@ from contextlib import contextmanager, suppress
 from typing import Iterator
 
 from ..errors import MinigptError
-from ..checks import with_truncate_hint
+from ..loading.checks import with_truncate_hint
 from . import batch, cost, generate, prove, score, serve, staircase, tune
 from .common import Stream, UsageError
 

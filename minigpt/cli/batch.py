@@ -1,6 +1,6 @@
 """`batch INPUT [-o OUTPUT]`: a JSON Lines file of prompts in, one JSON line of results per prompt out.
 
-The prompts are generated together on an Engine (minigpt.engine), with its prefix cache: each
+The prompts are generated together on an Engine (minigpt.engine.scheduler), with its prefix cache: each
 as if it were alone, bitwise with the exact kernels, whatever the batch and the preemptions. Every
 line is checked before any work; results come back in any order and are written in input order,
 each as soon as it and all the lines before it are done.
@@ -20,13 +20,13 @@ from typing import Callable, Iterator
 
 from tqdm import tqdm
 
-from ..api import Engine, make_request
-from ..checks import check_stop
+from ..scripted.api import Engine, make_request
+from ..loading.checks import check_stop
 from ..errors import InputError, MinigptError, check_bool
-from ..model import Model
-from ..safetensors_format import unique_keys
-from ..sequence import GenerationResult, Request
-from ..tokenizer import valid_text
+from ..loading.model import Model
+from ..loading.safetensors_format import unique_keys
+from ..loop.sequence import GenerationResult, Request
+from ..loading.tokenizer import valid_text
 from .common import (Stream, UsageError, add_model_options, add_sampling_options, check_option, encode_prompt,
                      input_chunks, json_text, load_model, positive_int, print_whole, top_logprobs_json, utf8_text)
 from .cost import binary
@@ -43,7 +43,7 @@ MAX_LINES = 100_000
 DESCRIPTION = """\
 Generate a continuation for every line of INPUT, decoding up to B sequences together over one
 pool of paged keys and values whose full pages are kept for the prompts that begin alike
-(minigpt.engine, docs/prefix-cache.md). With the exact kernels every result is bitwise the one
+(minigpt.engine.scheduler, docs/prefix-cache.md). With the exact kernels every result is bitwise the one
 `generate` gives for that prompt alone, with the prefix cache or without. The defaults are
 generate's: greedy, stop at end of text."""
 

@@ -15,11 +15,11 @@ from contextlib import contextmanager, nullcontext, suppress
 from typing import IO, Callable, Iterator
 
 from ..errors import InputError, MinigptError
-from ..kernels import KERNELS
-from ..loading import load
-from ..model import Model
-from ..sampling import MAX_TOP_LOGPROBS
-from ..tokenizer import encode, token_text, valid_text
+from ..exact.kernels import KERNELS
+from ..loading.loader import load
+from ..loading.model import Model
+from ..loop.sampling import MAX_TOP_LOGPROBS
+from ..loading.tokenizer import encode, token_text, valid_text
 
 
 class UsageError(InputError):

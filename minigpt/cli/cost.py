@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..cost import ARCHITECTURES, DTYPE_BYTES, MAX_TOKENS, Cost, estimate
+from ..loop.cost import ARCHITECTURES, DTYPE_BYTES, MAX_TOKENS, Cost, estimate
 from .common import checked, print_json, print_whole, table
 
 token_count = checked(int, lambda v: 1 <= v <= MAX_TOKENS, "in 1..10**15")  # cost.estimate's bound

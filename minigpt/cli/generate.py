@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..api import generate, stream
-from ..checks import check_stop
+from ..scripted.api import generate, stream
+from ..loading.checks import check_stop
 from ..errors import MinigptError
-from ..loading import load
-from ..model import Model
-from ..sequence import GenerationResult
-from ..speculative import DRAFT_TOKENS
-from ..tokenizer import valid_text
+from ..loading.loader import load
+from ..loading.model import Model
+from ..loop.sequence import GenerationResult
+from ..engine.speculative import DRAFT_TOKENS
+from ..loading.tokenizer import valid_text
 from .common import (UsageError, add_model_options, add_sampling_options, check_option, encode_prompt, load_model,
                      positive_int, print_json, print_whole, top_logprobs_json)
 

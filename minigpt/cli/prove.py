@@ -1,12 +1,12 @@
-"""`prove`: run the causal-mask proof (minigpt.causal_proof) and print its table, or JSON."""
+"""`prove`: run the causal-mask proof (minigpt.exact.causal_proof) and print its table, or JSON."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 
-from ..api import prove
-from ..causal_proof import COLUMNS, Comparison, Drift, Proof
+from ..scripted.api import prove
+from ..exact.causal_proof import COLUMNS, Comparison, Drift, Proof
 from .common import add_model_options, checked, encode_prompt, load_model, print_json, print_whole, table
 
 DEFAULT_PROMPT = "The causal mask means that no position can see the future, so"  # 13 GPT-2 tokens

@@ -6,10 +6,10 @@ import argparse
 
 import numpy as np
 
-from ..model import Model
-from ..api import score
-from ..checks import check_stride
-from ..tokenizer import token_text
+from ..loading.model import Model
+from ..scripted.api import score
+from ..loading.checks import check_stride
+from ..loading.tokenizer import token_text
 from .common import (UsageError, add_model_options, check_option, encode_prompt, input_chunks, load_model,
                      positive_int, print_json, print_whole, table, utf8_text)
 

@@ -1,6 +1,6 @@
 """`serve`: OpenAI's completions API on 127.0.0.1 (by default), every answer bitwise its solo generation.
 
-The server itself is minigpt.serve; this module parses the options, loads the model, binds the
+The server itself is minigpt.scripted.serve; this module parses the options, loads the model, binds the
 port and runs it until SIGINT or SIGTERM (exit 0).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..api import Engine
+from ..scripted.api import Engine
 from ..errors import MinigptError
 from .common import add_model_options, checked, load_model, non_negative_int, positive_int
 
@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from .. import serve
+        from ..scripted import serve
     except ImportError as e:
         raise MinigptError(f"serve needs the serve extra ({e.name} is not installed): "
                            "pip install 'minigpt[serve]'") from None

@@ -12,9 +12,9 @@ from typing import Iterator
 from tqdm import tqdm
 
 from ..errors import InputError
-from ..files import kind
-from ..staircase import MODES, OnStep, Staircase, image_format, measure, plot
-from ..tokenizer import valid_text
+from ..loading.files import kind
+from ..loop.staircase import MODES, OnStep, Staircase, image_format, measure, plot
+from ..loading.tokenizer import valid_text
 from .common import UsageError, add_model_options, load_model, positive_int, print_json, print_whole, table
 
 
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
                        description="Run the naive loop and the KV-cache loop on the same prompt of P fixed "
                                    "token ids, greedy, N new tokens each (never stopping at <|endoftext|>), "
                                    "and print every token's wall time in both, a summary, and the measured "
-                                   "ratio of the totals next to the predicted one (minigpt.cost).")
+                                   "ratio of the totals next to the predicted one (minigpt.loop.cost).")
     add_model_options(p, default="random-124m")
     p.add_argument("--prompt-tokens", type=positive_int, default=1, metavar="P",
                    help="prompt length in tokens (default 1)")

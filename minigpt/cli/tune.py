@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
-from ..config import GPT2_SIZES
+from ..gpt2.config import GPT2_SIZES
 from ..errors import MinigptError
-from ..tuning import key, keep, machine_default, measure
+from ..exact.tuner import measure
+from ..exact.tuning import key, keep, machine_default
 from .common import print_json, table
 
 

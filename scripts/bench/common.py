@@ -19,13 +19,13 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from minigpt.checkpoint import save_checkpoint
-from minigpt.kernels import FAST, Queries, attend_batch, threads as blas_threads
-from minigpt.kv_cache import forward_cached, new_cache
-from minigpt.loading import load
-from minigpt.model import Model
-from minigpt.paging import PAGE, pages_for, placement
-from minigpt.tuning import MIB, cache_bytes
+from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.exact.kernels import FAST, Queries, attend_batch, threads as blas_threads
+from minigpt.cache.kv_cache import forward_cached, new_cache
+from minigpt.loading.loader import load
+from minigpt.loading.model import Model
+from minigpt.engine.paging import PAGE, pages_for, placement
+from minigpt.exact.tuning import MIB, cache_bytes
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 REPEATS = 3  # interleaved rounds; the best is kept

@@ -26,14 +26,14 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from minigpt.api import generate, make_request
-from minigpt.loops import cached_steps
-from minigpt.sequence import Sequence
-from minigpt.kv_cache import forward_cached, new_cache
-from minigpt.layers import Kernels
-from minigpt.model import Model
-from minigpt.paging import PAGE, pages_for
-from minigpt.staircase import fixed_prompt, plot_latencies
+from minigpt.scripted.api import generate, make_request
+from minigpt.loop.loops import cached_steps
+from minigpt.loop.sequence import Sequence
+from minigpt.cache.kv_cache import forward_cached, new_cache
+from minigpt.gpt2.layers import Kernels
+from minigpt.loading.model import Model
+from minigpt.engine.paging import PAGE, pages_for
+from minigpt.loop.staircase import fixed_prompt, plot_latencies
 
 from .common import (REPEATS, Report, RunInfo, Target, Transformers, attention_alone, interleaved, log, median_of,
                      minigpt_engines, plain_product, products, random_124m, read_note, transformers, transformers_row)

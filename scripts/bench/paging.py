@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minigpt.api import Engine, generate, make_requests
-from minigpt.kernels import PAGE
-from minigpt.paging import PagedCache, PagePool, pages_for
+from minigpt.scripted.api import Engine, generate, make_requests
+from minigpt.exact.kernels import PAGE
+from minigpt.engine.paging import PagedCache, PagePool, pages_for
 
 from .common import Report, RunInfo, Target, log, random_124m, timed
 

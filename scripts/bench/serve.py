@@ -22,9 +22,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from minigpt.api import generate
-from minigpt.kernels import FAST
-from minigpt.model import Model
+from minigpt.scripted.api import generate
+from minigpt.exact.kernels import FAST
+from minigpt.loading.model import Model
 
 from .common import Report, RunInfo, Target, log, random_124m, timed
 

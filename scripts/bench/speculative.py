@@ -20,12 +20,12 @@ from functools import partial
 
 import numpy as np
 
-from minigpt.kv_cache import forward_cached, new_cache
-from minigpt.loops import cached_steps
-from minigpt.loading import load
-from minigpt.api import make_request
-from minigpt.sequence import Sequence
-from minigpt.speculative import Drafter, ModelDrafter, NGramDrafter, speculative_steps
+from minigpt.cache.kv_cache import forward_cached, new_cache
+from minigpt.loop.loops import cached_steps
+from minigpt.loading.loader import load
+from minigpt.scripted.api import make_request
+from minigpt.loop.sequence import Sequence
+from minigpt.engine.speculative import Drafter, ModelDrafter, NGramDrafter, speculative_steps
 
 from .common import (REPEATS, Report, RunInfo, Target, gemv_rate, interleaved, log, median_of, multiply_adds,
                      products, random_124m, run_lengths)

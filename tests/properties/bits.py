@@ -1,6 +1,6 @@
 """The property tests' own oracle: arrays equal bit for bit, or the first difference named.
 
-It shares no code with minigpt.causal_proof's comparisons, which are part of what is tested (as
+It shares no code with minigpt.exact.causal_proof's comparisons, which are part of what is tested (as
 llm.c's test_gpt2.c checks with its own check_tensor). Bit patterns, not ==: == calls -0.0 and
 +0.0 equal and a NaN unequal to itself.
 """

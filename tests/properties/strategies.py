@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from minigpt.causal_proof import record_forward
-from minigpt.config import GPT2Config
-from minigpt.kernels import EXACT, PAGE, Kernels
-from minigpt.paging import pages_for
-from minigpt.model import Model
-from minigpt.params import GPT2Params
-from minigpt.weights import expected_shapes, params_from_tensors, random_params
+from minigpt.exact.causal_proof import record_forward
+from minigpt.gpt2.config import GPT2Config
+from minigpt.exact.kernels import EXACT, PAGE, Kernels
+from minigpt.engine.paging import pages_for
+from minigpt.loading.model import Model
+from minigpt.gpt2.params import GPT2Params
+from minigpt.loading.weights import expected_shapes, params_from_tensors, random_params
 
 SCALES = (0.0, 1.0, 30.0, 1000.0)  # 0.0 stands for the all-zero model
 

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import chunkings, models, token_ids
 
-from minigpt.kernels import EXACT, FAST
-from minigpt.tracing import traced_forward
+from minigpt.exact.kernels import EXACT, FAST
+from minigpt.exact.tracing import traced_forward
 
 EPS = float(np.finfo(np.float32).eps)  # 2**-23
 

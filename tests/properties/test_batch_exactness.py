@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import batches, per_prompt
 
-from minigpt.api import Engine, generate_batch, make_requests
-from minigpt.api import generate
+from minigpt.scripted.api import Engine, generate_batch, make_requests
+from minigpt.scripted.api import generate
 
 
 @given(batches(), st.booleans())

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from bits import assert_rows_same_bits
 from strategies import chunked_record, chunkings, models, token_ids
 
-from minigpt.causal_proof import record_forward
-from minigpt.api import generate
+from minigpt.exact.causal_proof import record_forward
+from minigpt.scripted.api import generate
 
 
 @given(st.data())

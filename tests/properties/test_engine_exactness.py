@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from bits import assert_same_bits
 from strategies import models, token_ids
 
-from minigpt.gpt2 import forward
-from minigpt.paging import PAGE, PagePool, forward_batch, pages_for
+from minigpt.gpt2.forward import forward
+from minigpt.engine.paging import PAGE, PagePool, forward_batch, pages_for
 
 
 @given(st.data())

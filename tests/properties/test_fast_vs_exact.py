@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import chunked_record, chunkings, models, token_ids
 
-from minigpt.causal_proof import record_forward
-from minigpt.kernels import FAST
+from minigpt.exact.causal_proof import record_forward
+from minigpt.exact.kernels import FAST
 
 # Relative to each array's largest magnitude. A targeted Hypothesis search (1500 examples per
 # scale) found at most 1.4e-6 at Hugging Face's initialisation (scale 1) and 1.4e-5 at 30x.

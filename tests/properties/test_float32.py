@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import chunkings, models, token_ids
 
-from minigpt.api import generate
-from minigpt.kernels import EXACT, FAST, Kernels
-from minigpt.tracing import traced_forward
+from minigpt.scripted.api import generate
+from minigpt.exact.kernels import EXACT, FAST, Kernels
+from minigpt.exact.tracing import traced_forward
 
 F32 = np.dtype(np.float32)
 

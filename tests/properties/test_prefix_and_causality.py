@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from bits import assert_rows_same_bits
 from strategies import models, token_ids
 
-from minigpt.causal_proof import record_forward
+from minigpt.exact.causal_proof import record_forward
 
 
 @given(st.data())

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import models, sampling, token_ids
 
-from minigpt.api import Engine, score
-from minigpt.paging import pages_for
+from minigpt.scripted.api import Engine, score
+from minigpt.engine.paging import pages_for
 
 
 @st.composite

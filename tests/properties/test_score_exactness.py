@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import models, token_ids
 
-from minigpt.api import generate
-from minigpt.api import score
+from minigpt.scripted.api import generate
+from minigpt.scripted.api import score
 
 
 @given(st.data())

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import models, token_ids
 
-from minigpt.api import generate
-from minigpt.model import Model
+from minigpt.scripted.api import generate
+from minigpt.loading.model import Model
 
 
 class RandomDrafter:

@@ -15,7 +15,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import minigpt
-from minigpt.sequence import Sequence
+from minigpt.loop.sequence import Sequence
 
 # Single GPT-2 tokens: "é" whole (c3 a9) and as its two bytes, the four bytes of "🙂" (f0 9f 99 82), and text.
 PIECES = [b" caf", b"\xc3", b"\xa9", "é".encode(), " é".encode(), " caf\u00e9".encode(), b"\xf0", b"\x9f", b"\x99",

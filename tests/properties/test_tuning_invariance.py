@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from bits import assert_same_bits
 from strategies import models, token_ids
 
-from minigpt.gpt2 import forward
-from minigpt.kernels import exact_linear, tuned
-from minigpt.tuning import Tuning
+from minigpt.gpt2.forward import forward
+from minigpt.exact.kernels import exact_linear, tuned
+from minigpt.exact.tuning import Tuning
 
 tunings = st.builds(Tuning, row_block=st.integers(1, 2**23), rows_block=st.integers(1, 2**22),
                     shared_block=st.integers(1, 2**21), shared_rows=st.integers(1, 20), gemm_rows=st.integers(1, 20))

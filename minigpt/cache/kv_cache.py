@@ -1,0 +1,83 @@
+"""The KV cache: every layer's keys and values of the positions a sequence has processed so far.
+
+Under the causal mask an old position never attends to a new one, so its keys and values are the
+same at every step: the cache computes them once. `forward_cached` is gpt2.forward with three
+changes, marked NEW: positions continue after the cached ones, each layer stores its new keys and
+values, and attention reads all of them from the cache. The cache is allocated once for the whole
+request and filled in place, never concatenated.
+
+Sources: Inference Engineering (fanout.sh, inference-eng): "The Autoregressive Loop & Cost" (the first fix)
+and lesson 03-01, "Why Autoregressive Generation Recomputes Work" (its price in memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..gpt2.config import GPT2Config
+from ..errors import InputError, check_int
+from ..gpt2.forward import GPT2, embed, lm_head
+from ..gpt2.layers import Kernels, block
+
+
+@dataclass(eq=False)
+class KVCache:
+    """Mutable on purpose: forward_cached appends to it."""
+
+    k: np.ndarray  # [n_layer, capacity, H, hd]: a row of keys per position 0 .. capacity-1
+    v: np.ndarray  # [n_layer, capacity, H, hd]
+    length: int = 0  # positions 0 .. length-1 hold keys and values; the slots after them hold zeros
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def attend(self, layer: int, start: int, kernels: Kernels) -> Callable:
+        """The attend of `layer` for new positions from `start` on: store their keys and values,
+        then attend to every key so far. The kernel is handed the layer's whole store, seen head by
+        head, and the length, and reads the keys it needs (the exact kernels read whole pages:
+        minigpt.exact.kernels). A position's keys are one row of the store, [H, hd], read in one stretch."""
+        def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
+            end = start + q.shape[1]
+            self.k[layer, start:end] = k.transpose(1, 0, 2)  # [T, H, hd]: a row per new position
+            self.v[layer, start:end] = v.transpose(1, 0, 2)
+            heads = self.k[layer].transpose(1, 0, 2), self.v[layer].transpose(1, 0, 2)  # [H, capacity, hd] views
+            return kernels.attend(q, *heads, end)  # keys 0 .. end-1
+        return attend
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (a speculative rollback, or a prefix continued another
+        way): their slots are zeroed, as a fresh cache's are (kernels that read whole pages of
+        positions, minigpt.exact.kernels, read the zeros after the length)."""
+        if check_int(length, "length", 0) > self.length:
+            raise InputError(f"cannot truncate a cache of length {self.length} to {length}")
+        self.k[:, length:self.length] = 0
+        self.v[:, length:self.length] = 0
+        self.length = length
+
+    def copy(self) -> KVCache:
+        """An independent cache holding the same positions: a fork, to continue two ways."""
+        return KVCache(self.k.copy(), self.v.copy(), self.length)
+
+
+def new_cache(config: GPT2Config, capacity: int) -> KVCache:
+    """An empty cache for `capacity` positions (np.zeros maps memory lazily: untouched positions cost no RAM)."""
+    shape = (config.n_layer, capacity, config.n_head, config.head_dim)
+    return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+
+
+def forward_cached(gpt: GPT2, ids, cache: KVCache, logits_to_keep: int = 0) -> np.ndarray:
+    """Logits for T new token ids after the cache's positions, whose keys and values are appended to it."""
+    start = cache.length
+    x = embed(gpt.params, ids, start)  # NEW: positions start .. start+T-1
+    for layer, p in enumerate(gpt.params.h):
+        x = block(x, p, gpt.config, cache.attend(layer, start, gpt.kernels), gpt.kernels.linear)  # NEW
+    cache.length = start + len(ids)  # NEW
+    return lm_head(gpt, x, logits_to_keep)

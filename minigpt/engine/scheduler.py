@@ -1,0 +1,256 @@
+"""The engine: many requests decoded together on one page pool that lasts, each exactly as if alone.
+
+Decoding one token reads every weight once; B sequences decoded in one forward share that read
+(docs/batching.md). The `Scheduler` runs a *continuous batch*: it keeps up to `max_batch_size`
+sequences running, each with its own sampling options and generator; a sequence that finishes
+leaves at once and a waiting one takes its place in the next step, so short replies never wait
+for long ones. Requests can be submitted and cancelled while others run.
+
+Keys and values live in one PagePool (minigpt.engine.paging). When it runs out mid-generation, cached
+prefix pages nobody holds are evicted first; then the most recently admitted running sequence is
+*preempted*: its pages go back to the pool and it waits at the head of the queue, its keys and
+values recomputed when it is readmitted.
+
+With the prefix cache, every full page a sequence writes (prompt or generated) is kept under the
+chained hash of its prefix; a later request whose ids begin with the same pages takes them
+instead of computing them (`cached_tokens`). Requests that arrive together and share a prefix are
+admitted one after the other, so that it is computed once. With the exact kernels a position's
+keys and values depend on its prefix alone, so a reused page holds bitwise what recomputing would
+write: tokens and log-probabilities are the same cold or warm, preempted or not, in any batch
+(docs/paging.md).
+
+Source: Inference Engineering (fanout.sh, inference-eng): the second fix of "The Autoregressive Loop & Cost".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..gpt2.forward import GPT2
+from .paging import PAGE, PageKey, PagedCache, PagePool, PageScores, forward_batch
+from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
+from ..loop.sequence import GenerationResult, Request, Sequence, check_finite
+
+
+def page_hash(parent: bytes, tokens: tuple[int, ...]) -> bytes:
+    """The chained hash of a full page: its parent page's hash and its own token ids."""
+    return hashlib.blake2b(parent + np.asarray(tokens, np.int64).tobytes(), digest_size=16).digest()
+
+
+@dataclass(eq=False)
+class Job:
+    """One request in the engine: its sequence and cache, and what the prefix cache knows of it."""
+
+    index: int
+    seq: Sequence
+    cache: PagedCache
+    prompt_logprobs: bool  # asked for log P(prompt[i] | prompt[:i]), scored at its prefill
+    hashes: list[bytes] = field(default_factory=list)  # of its full pages in the prefix cache, in order
+    cached_tokens: int = 0  # prompt positions whose keys and values came from the prefix cache
+    scores: list = field(default_factory=list)  # per prompt position: (logprob, top) or None
+    prefilled: bool = False
+    cancelled: bool = False
+
+    @property
+    def scoring(self) -> bool:
+        """It still needs its prompt's scores."""
+        return self.prompt_logprobs and not self.prefilled
+
+    @property
+    def finished(self) -> bool:
+        return self.cancelled or self.seq.done and not self.scoring
+
+    def result(self) -> GenerationResult:
+        logprobs = [None if s is None else s[0] for s in self.scores] if self.prompt_logprobs else None
+        top = ([None if s is None else s[1] for s in self.scores]
+               if self.prompt_logprobs and self.seq.request.top_logprobs else None)
+        return dataclasses.replace(self.seq.result(use_cache=True), cached_tokens=self.cached_tokens,
+                                   prompt_logprobs=logprobs, prompt_top_logprobs=top)
+
+
+class Scheduler:
+    """Continuous batching with preemption and a prefix cache, over one PagePool, one step at a time."""
+
+    def __init__(self, gpt: GPT2, pool: PagePool, max_batch_size: int, prefix_cache: bool):
+        self.gpt, self.pool, self.max_batch_size, self.prefix_cache = gpt, pool, max_batch_size, prefix_cache
+        self.root = page_hash(f"{gpt.kernels.name} {id(gpt.params)}".encode(), ())  # the pool serves one model
+        self.inbox: deque[Job] = deque()  # submitted, not yet seen by a step (any thread may append)
+        self.waiting: deque[Job] = deque()
+        self.running: list[Job] = []  # in order of admission
+        self.cached_token_hits = self.preemptions = 0
+
+    def submit(self, request: Request, index: int = 0, prompt_logprobs: bool = False) -> Job:
+        """Queue a checked request; it joins the batch at a coming step."""
+        job = Job(index, Sequence(request), self.pool.new_cache(), prompt_logprobs)
+        self.inbox.append(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Stop a request: at the next step it leaves, its pages back in the pool."""
+        job.cancelled = True
+
+    def stats(self) -> dict:
+        pool = self.pool
+        return {"pages_total": pool.n_pages, "pages_in_use": pool.in_use, "pages_cached": len(pool.cached),
+                "pages_free": int(pool.free.sum()), "cached_token_hits": self.cached_token_hits,
+                "evictions": pool.evictions, "preemptions": self.preemptions}
+
+    def run(self, on_step: Callable[[int], None] | None = None) -> Iterator[Job]:
+        """Step until every submitted request has finished, yielding each as it finishes; on_step(new
+        tokens) after every step. However it ends (an error, Ctrl-C, the caller stopping early),
+        every unfinished request is cancelled and its pages are back in the pool."""
+        try:
+            while self.inbox or self.waiting or self.running:
+                finished, produced = self.step()
+                if on_step is not None and produced:
+                    on_step(produced)
+                yield from finished
+        finally:
+            for job in [*self.inbox, *self.waiting, *self.running]:
+                job.cancelled = True
+            self.step()
+
+    def step(self) -> tuple[list[Job], int]:
+        """One step: take in submitted requests, drop cancelled ones, make room for the running
+        sequences' next positions (evicting, then preempting the newest), admit waiting ones while
+        there are places and pages, then one forward over all running sequences (a prefill for the
+        newly admitted, one token for the others). Returns the jobs that finished and the tokens made."""
+        while self.inbox:
+            self.waiting.append(self.inbox.popleft())
+        finished = [job for job in [*self.waiting, *self.running] if job.finished]
+        for job in finished:
+            self._leave(job)
+        preempted = self._make_room()
+        if not preempted:
+            self._admit()
+        if not self.running:
+            return finished, 0
+        clock = time.perf_counter()
+        jobs = list(self.running)
+        logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs],
+                               [job.cache for job in jobs], [0 if job.scoring else 1 for job in jobs])
+        produced = 0
+        for job, rows in zip(jobs, logits):  # rows [T or 1, vocab]
+            check_finite(rows)
+            if job.scoring:
+                self._score_prompt(job, rows)
+            if not job.seq.done:
+                job.seq.append(job.seq.choose(rows[-1]), rows[-1], time.perf_counter() - clock)
+                produced += 1
+            if self.prefix_cache:
+                self._register(job, rows)
+            job.prefilled = True
+        for job in [job for job in jobs if job.finished]:
+            self._leave(job)
+            finished.append(job)
+        return finished, produced
+
+    def _leave(self, job: Job) -> None:
+        if job in self.running:
+            self.running.remove(job)
+        if job in self.waiting:
+            self.waiting.remove(job)
+        self.pool.release(job.cache)
+
+    def _make_room(self) -> bool:
+        """Pages for every running sequence's next position, preempting the newest while the pool is
+        short. True if any was preempted (then nothing is admitted this step)."""
+        preempted = False
+        for job in list(self.running):  # oldest first: the newest is preempted first
+            if job not in self.running:
+                continue
+            while not self.pool.grow(job.cache, job.cache.length + 1):
+                victim = self.running.pop()
+                self.pool.release(victim.cache)
+                victim.hashes = []
+                victim.seq.preemptions += 1
+                self.preemptions += 1
+                self.waiting.appendleft(victim)
+                preempted = True
+                if victim is job:
+                    break
+        return preempted
+
+    def _admit(self) -> None:
+        """Admit waiting jobs in order while there are places and pages, each taking what the
+        prefix cache holds of its ids; one whose next page another job admitted now will compute
+        waits a step, to take it from the cache."""
+        pending: set[bytes] = set()  # hashes of the full pages this step's admitted jobs will write
+        for job in list(self.waiting):
+            if len(self.running) >= self.max_batch_size:
+                return
+            ids = job.seq.ids
+            hashes = self._page_hashes(ids) if self.prefix_cache else []
+            if self.prefix_cache:
+                self._take_cached(job, ids, hashes)
+                if len(job.hashes) < len(hashes) and hashes[len(job.hashes)] in pending:
+                    self.pool.release(job.cache)  # its next page is being computed: take it next step
+                    job.hashes = []
+                    continue
+            if not self.pool.grow(job.cache, len(ids)):
+                self.pool.release(job.cache)
+                job.hashes = []
+                return
+            self.waiting.remove(job)
+            self.running.append(job)
+            pending.update(hashes[len(job.hashes):])
+
+    def _page_hashes(self, ids: list[int]) -> list[bytes]:
+        """The chained hashes of the full pages of ids before its last id (which is always fed: its
+        logits choose the next token)."""
+        hashes, parent = [], self.root
+        for i in range((len(ids) - 1) // PAGE):
+            parent = page_hash(parent, tuple(ids[i * PAGE:(i + 1) * PAGE]))
+            hashes.append(parent)
+        return hashes
+
+    def _take_cached(self, job: Job, ids: list[int], hashes: list[bytes]) -> None:
+        """Give the job the cached pages its ids begin with (with scores, if it needs them)."""
+        for i, h in enumerate(hashes):
+            page = self.pool.lookup(h, tuple(ids[i * PAGE:(i + 1) * PAGE]))
+            scores = None if page is None else self.pool.keys[page].scores
+            if page is None or job.scoring and (scores is None or scores.top_n < job.seq.request.top_logprobs):
+                break
+            self.pool.share(job.cache, page)
+            job.hashes.append(h)
+        job.cache.length = len(job.hashes) * PAGE
+        if not job.prefilled:
+            job.cached_tokens = job.cache.length
+            self.cached_token_hits += job.cache.length
+
+    def _score_prompt(self, job: Job, rows: np.ndarray) -> None:
+        """The prompt's scores at its prefill: from the cached pages' scores, then from the rows
+        computed, row r scoring token r + 1: bitwise what minigpt.score computes."""
+        prompt, n = job.seq.request.prompt, job.seq.request.top_logprobs
+        start = job.cache.length - len(rows)  # the first position fed
+        job.scores = [None]
+        for j in range(1, len(prompt)):
+            if j < start and j % PAGE:  # inside a cached page
+                s = self.pool.keys[job.cache.pages[j // PAGE]].scores
+                job.scores.append((s.logprobs[j % PAGE - 1], None if s.top is None else s.top[j % PAGE - 1][:n]))
+            else:  # after a cached page's last position, or after a computed row
+                row = self.pool.keys[job.cache.pages[j // PAGE - 1]].scores.last_row if j <= start else rows[j - 1 - start]
+                job.scores.append((token_log_prob(row, prompt[j]), top_log_probs(log_softmax(row), n) if n else None))
+
+    def _register(self, job: Job, rows: np.ndarray) -> None:
+        """Put the job's newly full pages into the prefix cache, with their scores when this step
+        computed them (a scoring prefill of the page's positions)."""
+        ids, start = job.seq.ids, job.cache.length - len(rows)
+        for i in range(len(job.hashes), job.cache.length // PAGE):
+            tokens = tuple(ids[i * PAGE:(i + 1) * PAGE])
+            h = page_hash(job.hashes[-1] if job.hashes else self.root, tokens)
+            job.hashes.append(h)
+            scores = None
+            if job.scoring and i * PAGE >= start and (i + 1) * PAGE <= len(job.seq.request.prompt):
+                mine = job.scores[i * PAGE + 1:(i + 1) * PAGE]
+                n = job.seq.request.top_logprobs
+                scores = PageScores(tuple(s[0] for s in mine), tuple(s[1] for s in mine) if n else None, n,
+                                    rows[(i + 1) * PAGE - 1 - start].copy())
+            self.pool.register(job.cache.pages[i], PageKey(h, tokens, scores))

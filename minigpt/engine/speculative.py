@@ -1,0 +1,195 @@
+"""Speculative decoding: guess several tokens cheaply, check them all in one forward of the model.
+
+When memory bandwidth is the limit, a forward over k + 1 rows costs little more than over one
+(the weights are read once either way), so a step that checks k guessed tokens can produce up to
+k + 1 tokens for about the price of one (docs/speculative.md). A *drafter* guesses:
+
+- `NGramDrafter` (prompt lookup): find the context's last n tokens earlier in the context and
+  propose what followed them there (Hugging Face's prompt_lookup_num_tokens, vLLM's ngram
+  speculator, llama.cpp's lookup). Free, and right whenever the text repeats itself.
+- `ModelDrafter`: a smaller model with the same vocabulary (distilgpt2 drafting for gpt2-xl),
+  with its own KV cache, rolled back with the model's.
+
+The model checks the drafts in one forward over [last token, d1 .. dk]. Row i of its logits is
+the next-token distribution after d1 .. di; with the exact kernels it is bitwise the row plain
+decoding computes there (each row's arithmetic is independent of the others, minigpt.exact.kernels).
+
+- Greedy: accept drafts while they equal the model's argmax, then take the model's own token.
+  The tokens are those of plain greedy decoding, bit for bit.
+- Sampling: the rule of Leviathan et al. 2023 and Chen et al. 2023. Accept draft x with
+  probability min(1, p(x) / q(x)); on a rejection draw from max(p - q, 0), normalised. p and q
+  are the model's and the drafter's distributions after the same temperature, top-k and top-p;
+  a drafter without probabilities (prompt lookup) has q = one-hot. Every token is then
+  distributed exactly as the model's own sample would be.
+
+The model's cache is cut back past the rejected drafts (KVCache.truncate), and
+k adapts: it grows while all drafts are accepted, shrinks on a rejection down to 0 (plain steps),
+and after a run of plain steps a single draft is tried again, twice as long a run after each
+failed try, so that a drafter that is always wrong costs almost nothing.
+
+Source: Inference Engineering (fanout.sh, inference-eng): the third fix of "The Autoregressive Loop & Cost".
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator, Protocol
+
+import numpy as np
+
+from ..gpt2.forward import GPT2
+from ..cache.kv_cache import forward_cached, new_cache
+from ..loop.sampling import SamplingOptions, filtered_log_probs
+from ..loop.sequence import Sequence, check_finite
+
+MAX_NGRAM = 3  # prompt lookup tries the last 3, then 2, then 1 tokens
+MAX_WAIT = 64  # plain steps at most between two single-draft tries
+DRAFT_TOKENS = 4  # draft_tokens by default: k's ceiling (the room left for new tokens caps it too)
+
+
+class Drafter(Protocol):
+    """What the loop needs from a drafter."""
+
+    def propose(self, ids: list[int], k: int, options: SamplingOptions,
+                rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
+        """Up to k guessed tokens after `ids`, and q [n, vocab], the probability of each guess's
+        position under the drafter (None: certain guesses, q one-hot)."""
+        ...
+
+    def accepted(self, n_positions: int) -> None:
+        """The sequence now holds its first n_positions tokens for good: forget any guess past them."""
+        ...
+
+
+class NGramDrafter:
+    """Prompt lookup: propose the tokens that followed the latest earlier occurrence of the
+    context's last n tokens (n = MAX_NGRAM down to 1). When fewer than k tokens follow it (the
+    occurrence is recent: the text is repeating itself with that period), the guess continues the
+    repetition."""
+
+    def propose(self, ids, k, options, rng):
+        arr = np.asarray(ids)
+        for n in range(min(MAX_NGRAM, len(arr) - 1), 0, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)  # every earlier n-gram
+            hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+            if hits.size:
+                follows = arr[hits[-1] + n:]  # what followed the latest occurrence, up to now
+                return follows[np.arange(k) % follows.size].tolist(), None  # repeated with its period
+        return [], None
+
+    def accepted(self, n_positions):
+        pass
+
+
+class ModelDrafter:
+    """A smaller model that guesses with its own KV cache, one token at a time."""
+
+    def __init__(self, draft: GPT2, capacity: int):
+        self.draft = draft
+        self.cache = new_cache(draft.config, capacity)
+
+    def propose(self, ids, k, options, rng):
+        tokens, q = [], []
+        for _ in range(k):
+            start = self.cache.length
+            logits = forward_cached(self.draft, [*ids, *tokens][start:], self.cache, logits_to_keep=1)[0]
+            if not np.isfinite(logits).all():  # the draft model overflowed: fewer drafts, none of its numbers kept
+                self.cache.truncate(start)
+                break
+            if options.temperature == 0:
+                tokens.append(int(np.argmax(logits)))
+            else:
+                probs = np.exp(filtered_log_probs(logits, options))
+                tokens.append(int(rng.choice(probs.size, p=probs / probs.sum())))
+                q.append(probs)
+        return tokens, (np.stack(q) if q else None)
+
+    def accepted(self, n_positions):
+        self.cache.truncate(min(self.cache.length, n_positions))
+
+
+def verify_greedy(logits: np.ndarray, drafts: list[int]) -> list[int]:
+    """Greedy verification: the model's tokens for rows 0 .. n of logits [k+1, vocab] while they
+    confirm the drafts; the last one is the model's own (a correction or the bonus token)."""
+    out = []
+    for row, draft in zip(logits, [*drafts, None]):
+        out.append(int(np.argmax(row)))
+        if out[-1] != draft:
+            break
+    return out
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Where a rejected draft's replacement is drawn from: max(p - q, 0), normalised (p itself when
+    p equals q up to rounding and nothing is left)."""
+    r = np.maximum(p - q, 0.0)
+    return r / r.sum() if r.sum() > 0 else p / p.sum()
+
+
+def verify_sampled(p: np.ndarray, q: np.ndarray | None, drafts: list[int], rng: np.random.Generator) -> list[int]:
+    """Speculative sampling over p [k+1, vocab] (the model's filtered distributions) and q [k, vocab]
+    (the drafter's; None: one-hot at the drafts): the accepted drafts, then one token drawn from
+    the residual at the first rejection, or from p after the last draft."""
+    out = []
+    for i, draft in enumerate(drafts):
+        q_i = np.eye(1, p.shape[1], draft)[0] if q is None else q[i]
+        if rng.random() * q_i[draft] < p[i, draft]:  # probability min(1, p/q) without dividing
+            out.append(draft)
+            continue
+        r = residual(p[i], q_i)
+        out.append(int(rng.choice(r.size, p=r)))
+        return out
+    out.append(int(rng.choice(p.shape[1], p=p[-1] / p[-1].sum())))
+    return out
+
+
+def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: int) -> Iterator[None]:
+    """The cached loop with drafts: each step proposes up to k tokens, checks them in one forward
+    and appends the tokens it keeps to `seq`. Yields after every step."""
+    request, options = seq.request, seq.request.sampling
+    cache = new_cache(gpt.config, request.max_positions)
+    k, wait, idle = draft_tokens, 1, 0
+    while not seq.done:
+        clock = time.perf_counter()
+        ids = seq.ids
+        room = request.max_new_tokens - len(seq.tokens) - 1  # drafts that can still become tokens
+        drafts, q = drafter.propose(ids, min(k, room), options, seq.rng) if k and room > 0 else ([], None)
+        proposed, start = len(drafts), cache.length
+        logits = forward_cached(gpt, [*ids[start:], *drafts], cache, logits_to_keep=len(drafts) + 1)
+        # [n+1, vocab]: the rows after ids, after d1, ..., after dn (the first step feeds the prompt too)
+        if not np.isfinite(logits).all():
+            if drafts:  # a draft overflowed the model, and its page's rows with it: a plain step
+                cache.truncate(start)  # instead, as plain decoding never feeds it
+                drafts, q = [], None
+                logits = forward_cached(gpt, ids[start:], cache, logits_to_keep=1)
+            check_finite(logits)
+        if options.temperature == 0:
+            chosen = verify_greedy(logits, drafts)
+        else:
+            p = np.exp(np.stack([filtered_log_probs(row, options) for row in logits]))
+            chosen = verify_sampled(p, q, drafts, seq.rng)
+        seconds = time.perf_counter() - clock
+        appended = 0
+        for token, row in zip(chosen, logits):
+            seq.append(token, row, seconds)
+            appended += 1
+            if seq.done:
+                break
+        n_accepted = min(len(chosen) - 1, appended)
+        cache.truncate(len(ids) + n_accepted)  # keep the accepted drafts' keys, drop the rejected ones
+        drafter.accepted(len(ids) + n_accepted)
+        seq.drafted += proposed
+        seq.accepted += n_accepted
+        if proposed:  # adapt k: +2 after a full acceptance, -1 after a rejection (0: plain steps)
+            if n_accepted == proposed:
+                k, wait = min(draft_tokens, k + 2), 1
+            else:
+                k -= 1
+                if k == 0 and proposed == 1:
+                    wait = min(2 * wait, MAX_WAIT)  # a failed single-draft try: wait longer before the next
+            idle = 0
+        elif k == 0:
+            idle += 1
+            if idle >= wait:
+                k = 1  # try one draft again
+        yield

@@ -1,0 +1,11 @@
+"""Part 4, new: exactness. Kernels whose every row has the same bits whatever else is computed with
+it, so that the cache, batching, paging and speculation change no bit; and the proof, run as an
+experiment (docs/exactness.md).
+
+Modules, in reading order:
+    tuning        how the kernels cut the weights, chosen by this machine's caches or kept from `tune`
+    kernels       the row-invariant EXACT kernels and FAST, plain NumPy made quicker
+    tuner         measuring the fastest cut on this machine (`tune`)
+    tracing       a forward that keeps every layer
+    causal_proof  the proof that the cache is exact, bit for bit
+"""

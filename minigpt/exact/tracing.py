@@ -1,0 +1,77 @@
+"""A forward that keeps what it computes: each layer's output, its new keys and values, and its
+attention weights, for the proof (minigpt.exact.causal_proof) and for naming the layer where an overflow
+began (minigpt.loading.checks).
+
+It runs the same functions as gpt2.forward and kv_cache.forward_cached (embed, block, lm_head, a
+cache's attend), with an attend that records what it is given, so those forwards stay free of
+instrumentation; the proof checks that its logits are bitwise theirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..gpt2.forward import GPT2, embed, lm_head
+from ..cache.kv_cache import KVCache
+from ..gpt2.layers import block, layer_norm, merge_heads
+
+
+@dataclass(eq=False)
+class Trace:
+    """What one forward over T new positions computed."""
+
+    hidden: list[np.ndarray] = field(default_factory=list)  # embeddings, each block's output, ln_f's: [T, C]
+    keys: list[np.ndarray] = field(default_factory=list)  # per layer, the new positions' keys [T, C]
+    values: list[np.ndarray] = field(default_factory=list)  # per layer [T, C]
+    weights: list[np.ndarray] = field(default_factory=list)  # per layer [H, T, S], S = start + T
+    logits: np.ndarray | None = None  # [T or logits_to_keep, vocab]
+
+
+def traced_forward(gpt: GPT2, ids, cache: KVCache | None = None, logits_to_keep: int = 0) -> Trace:
+    """gpt2.forward (no cache) or kv_cache.forward_cached, recording every layer."""
+    start, trace = (0 if cache is None else cache.length), Trace()
+    x = embed(gpt.params, ids, start)  # [T, C]
+    trace.hidden.append(x)
+    for layer, p in enumerate(gpt.params.h):
+        attend = gpt.kernels.attend if cache is None else cache.attend(layer, start, gpt.kernels)
+        x = block(x, p, gpt.config, recording(attend, gpt, trace, cache, layer), gpt.kernels.linear)
+        trace.hidden.append(x)
+    if cache is not None:
+        cache.length = start + len(ids)
+    trace.hidden.append(layer_norm(x, gpt.params.ln_f, gpt.config.layer_norm_epsilon))
+    trace.logits = lm_head(gpt, x, logits_to_keep)
+    return trace
+
+
+def recording(attend: Callable, gpt: GPT2, trace: Trace, cache: KVCache | None, layer: int) -> Callable:
+    """`attend`, also keeping the new keys and values it is given and the weights of its queries."""
+    def attend_and_record(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
+        out = attend(q, k, v)
+        seen = k if cache is None else cache.k[layer, :cache.length + q.shape[1]].transpose(1, 0, 2)  # keys 0 .. S-1
+        trace.keys.append(merge_heads(k))
+        trace.values.append(merge_heads(v))
+        trace.weights.append(gpt.kernels.weights(q, seen))
+        return out
+    return attend_and_record
+
+
+LAYER_NAMES = ("the embeddings (wte + wpe)", "block {} (h.{})", "the final LayerNorm (ln_f)")
+
+
+def first_non_finite(gpt: GPT2, ids, cache: KVCache | None = None) -> str:
+    """Where a forward over ids (after the cache's positions) first stopped being finite: the name of
+    the first layer whose output holds a NaN or an infinity, else the LM head. The cache's length is
+    left as it was."""
+    start = 0 if cache is None else cache.length
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            trace = traced_forward(gpt, ids, cache)
+    finally:  # an error or Ctrl-C midway too
+        if cache is not None:
+            cache.length = start
+    names = [LAYER_NAMES[0], *(LAYER_NAMES[1].format(i, i) for i in range(gpt.config.n_layer)), LAYER_NAMES[2]]
+    return next((name for name, x in zip(names, trace.hidden) if not np.isfinite(x).all()),
+                "the LM head (the logits, wte)")

@@ -1,0 +1,13 @@
+"""Part 6, loading and checking: checkpoints on disk, the tokenizer, and validation once, at the
+public boundary (docs/errors.md, docs/tokenizer.md).
+
+Modules, in reading order:
+    files               what stands at a path
+    safetensors_format  reading and writing safetensors, never unpickling
+    weights             tensors by their checkpoint names
+    checks              validation, once, at the boundary
+    checkpoint          Hugging Face checkpoint directories, every tensor checked
+    model               Model: GPT-2 with checked forwards
+    tokenizer           GPT-2's byte-pair encoding through tiktoken, its tables packaged
+    loader              a name -> checkpoint + tokenizer + model
+"""

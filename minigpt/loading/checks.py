@@ -1,0 +1,316 @@
+"""Validation, once, at the public boundary: every check of what a caller gives minigpt.
+
+The functions of parts 1 to 5 assume checked input; minigpt.scripted.api and the CLI call these first. Each
+raises a minigpt.errors class naming the argument and what would fit.
+"""
+
+from __future__ import annotations
+
+import math
+import reprlib
+import weakref
+from numbers import Integral
+
+import numpy as np
+
+from ..gpt2.config import GPT2Config
+from ..errors import ConfigError, ContextLengthError, DrafterError, InputError, MinigptError, check_int, shown
+from ..gpt2.forward import GPT2
+from ..cache.kv_cache import KVCache
+from ..gpt2.layers import Kernels
+from ..engine.paging import PagedCache
+from ..gpt2.params import GPT2Params
+from ..loop.sampling import SamplingOptions
+from ..loop.sequence import context_error, positions_needed
+from ..engine.speculative import DRAFT_TOKENS, Drafter, ModelDrafter, NGramDrafter
+from .weights import expected_shapes, params_to_tensors
+
+
+def check_config(config: object) -> GPT2Config:
+    """`config` if it is a GPT2Config whose fields make a GPT-2; else ConfigError naming the field."""
+    if not isinstance(config, GPT2Config):
+        raise InputError(f"config must be a GPT2Config, got {type(config).__name__}")
+    for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+        check_int(getattr(config, name), f"config field {name!r}", 1, ConfigError)
+    if config.n_embd % config.n_head:
+        raise ConfigError(f"config field 'n_embd' ({config.n_embd}) must be divisible by 'n_head' ({config.n_head})")
+    eps = config.layer_norm_epsilon
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        raise ConfigError(f"config field 'layer_norm_epsilon' must be a number in (0, 1), got {eps!r}")
+    eos = config.eos_token_id
+    if eos is not None and check_int(eos, "config field 'eos_token_id'", 0, ConfigError) >= config.vocab_size:
+        raise ConfigError(f"config field 'eos_token_id' must be an integer in [0, {config.vocab_size}), got {eos!r}")
+    return config
+
+
+def check_params(params: object, config: GPT2Config) -> None:
+    """InputError unless `params` are GPT2Params holding float32 tensors of exactly `config`'s shapes:
+    weights of another model would fail inside NumPy or, with only the layer count different, run
+    silently. It names the first tensor that does not fit."""
+    if not isinstance(params, GPT2Params):
+        raise InputError(f"params must be GPT2Params (minigpt.gpt2.params), got {type(params).__name__}")
+    if len(params.h) != config.n_layer:
+        raise InputError(f"the weights have {len(params.h)} layer(s) and the config {config.n_layer} (n_layer): "
+                         "they belong to another model")
+    shapes = expected_shapes(config)
+    for name, value in params_to_tensors(params).items():
+        if not isinstance(value, np.ndarray) or value.dtype != np.float32 or value.shape != shapes[name]:
+            raise InputError(f"the weights' tensor {name!r} is {type(value).__name__} {getattr(value, 'dtype', '')} "
+                             f"{list(np.shape(value))}, expected float32 {list(shapes[name])} from the config: "
+                             "the weights belong to another model")
+
+
+
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # GPT2Params -> the config they were checked for
+
+
+def check_parts(params: object, config: object, kernels: object) -> None:
+    """InputError unless the config, weights and kernel set are of their types and the weights have
+    the config's shapes. GPT2Params are frozen, so weights are checked once per config (148 tensors:
+    68 us against a 10 ms decode step for GPT-2 small)."""
+    check_config(config)
+    if not isinstance(kernels, Kernels):
+        raise InputError(f"kernels must be a Kernels set (minigpt.exact.kernels.EXACT or FAST), got {kernels!r}")
+    if not isinstance(params, GPT2Params) or _CHECKED.get(params) is not config:
+        check_params(params, config)
+        _CHECKED[params] = config
+
+
+def check_ids(ids, vocab_size: int) -> np.ndarray:
+    """Token ids as a 1-D int64 array, or InputError naming the first offending id.
+
+    Only integers are ids: floats (even 2.0), bools and strings are refused, never cast.
+    """
+    if isinstance(ids, (str, bytes)):
+        raise InputError(f"token ids must be integers, got the text {reprlib.repr(ids)}; encode it first "
+                         "(minigpt.encode)")
+    arr = np.array(ids, dtype=object)  # element by element, whatever the sequence holds
+    if arr.ndim != 1:
+        raise InputError(f"token ids must be a 1-D sequence, got {type(ids).__name__} of shape {arr.shape}")
+    for i, t in enumerate(arr.tolist()):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise InputError(f"token id at index {i} is {shown(t)}, not an integer")
+        if not 0 <= t < vocab_size:
+            raise InputError(f"token id {shown(t)} at index {i} is outside [0, {vocab_size})")
+    return arr.astype(np.int64)
+
+
+def check_cache(config: GPT2Config, cache: object) -> KVCache | PagedCache:
+    """`cache` if it fits this model (its length and page numbers then Python ints): a KVCache
+    (model.new_cache()) or a pool's PagedCache; else InputError naming what does not fit. A cache
+    made by a model of other shapes would fail inside NumPy or, with only the layer count different,
+    be silently accepted."""
+    if isinstance(cache, PagedCache):
+        arrays, n_slots = {"k": cache.pool.k, "v": cache.pool.v}, cache.pool.n_pages
+    elif isinstance(cache, KVCache):
+        arrays, n_slots = {"k": cache.k, "v": cache.v}, None
+    else:
+        raise InputError(f"cache must be a KVCache (model.new_cache()), got {type(cache).__name__}")
+    for name, a in arrays.items():
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 4 or not a.flags.writeable:
+            raise InputError(f"the cache's {name} store must be a writable float32 array [n_layer, positions, "
+                             f"n_head, head_dim], got {type(a).__name__} {getattr(a, 'dtype', '')} {np.shape(a)}")
+    k, v = arrays["k"], arrays["v"]
+    if v.shape != k.shape:
+        raise InputError(f"the cache's k and v stores differ in shape: {k.shape} and {v.shape}")
+    if np.may_share_memory(k, v):
+        raise InputError("the cache's k and v stores share memory: values would overwrite keys")
+    made = dict(zip(("n_layer", "n_head", "head_dim"), (k.shape[0], k.shape[2], k.shape[3])))
+    wanted = {"n_layer": config.n_layer, "n_head": config.n_head, "head_dim": config.head_dim}
+    if made != wanted:
+        differ = ", ".join(f"{n} {made[n]} (this model: {wanted[n]})" for n in made if made[n] != wanted[n])
+        raise InputError(f"the cache was made for another model: its {differ}; a cache's stores are [n_layer, "
+                         f"positions, n_head, head_dim], got {k.shape}")
+    if n_slots is None and cache.capacity > config.n_positions:
+        raise InputError(f"the cache holds {cache.capacity} positions, beyond this model's context of "
+                         f"{config.n_positions} (n_positions): it was made for another model")
+    if n_slots is not None:
+        if not all(isinstance(p, (int, np.integer)) and 0 <= p < n_slots for p in cache.pages):
+            raise InputError(f"the cache's page table {cache.pages} points outside its pool of {n_slots} pages")
+        if len(set(cache.pages)) != len(cache.pages):
+            raise InputError(f"the cache's page table {cache.pages} holds a page twice: two positions would share "
+                             "a slot")
+        cache.pages[:] = [int(p) for p in cache.pages]  # a NumPy integer's products would wrap past its range
+    if isinstance(cache.length, bool) or not isinstance(cache.length, (int, np.integer)) \
+            or not 0 <= cache.length <= cache.capacity:
+        raise InputError(f"the cache's length {cache.length!r} is not in 0..{cache.capacity} (its capacity)")
+    cache.length = int(cache.length)  # a NumPy integer's sums would wrap past its range
+    return cache
+
+
+def check_room(config: GPT2Config, cache: KVCache | PagedCache, T: int) -> None:
+    """ContextLengthError unless T new positions fit after the cached ones."""
+    start = cache.length
+    if start + T > min(config.n_positions, cache.capacity):
+        limit = (f"the context of {config.n_positions} (n_positions)" if cache.capacity >= config.n_positions
+                 else f"the cache's capacity of {cache.capacity}")
+        raise ContextLengthError(f"{start} cached + {T} new positions exceed {limit}")
+
+
+def check_sampling(temperature, top_k, top_p, seed) -> SamplingOptions:
+    """SamplingOptions from a caller's values, each checked."""
+    t, k, p = temperature, top_k, top_p
+    if not 0 <= as_float(t) < float("inf"):  # NaN fails too
+        raise InputError(f"temperature must be a finite number >= 0, got {shown(t)}")
+    if k is not None:
+        check_int(k, "top_k", 1)
+    if p is not None and not 0 < as_float(p) <= 1:
+        raise InputError(f"top_p must be a number in (0, 1], got {shown(p)}")
+    if seed is not None:
+        check_int(seed, "seed", 0)
+    return SamplingOptions(t, k, p, seed)
+
+
+def as_float(value: object) -> float:
+    """`value` as the float NumPy computes with, if it is a Python or NumPy int or float (not a bool)
+    that a float64 holds; else NaN, which fails every range check. Other numbers (Fraction, Decimal)
+    would pass a comparison and then fail inside NumPy, and so would an int beyond float64 (10**400)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Integral, float, np.floating)):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.nan
+
+
+TRUNCATE_HINT = " or keep only the prompt's last tokens (truncate_prompt=True)"
+
+
+def with_truncate_hint(error: MinigptError, hint: str) -> MinigptError:
+    """`error` with prepare_prompt's hint replaced by `hint`: a caller names its own option (the
+    CLI's --truncate-prompt), or gives "" where it offers none (generate_batch, most commands)."""
+    if TRUNCATE_HINT not in str(error):
+        return error
+    return type(error)(str(error).replace(TRUNCATE_HINT, hint))
+
+
+def prepare_prompt(model: GPT2, prompt_ids, max_new_tokens: int, truncate_prompt: bool = False) -> list[int]:
+    """Check a prompt before any work: ids, lengths, and that the generation fits in n_positions
+    (positions_needed: the last new token is never fed, so prompt + new tokens - 1 positions).
+
+    An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do. With
+    `truncate_prompt`, a prompt too long to leave room for the new tokens keeps its last tokens.
+    """
+    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 0)
+    config = model.config
+    ids = check_ids(prompt_ids, config.vocab_size).tolist()
+    if not ids:
+        if config.eos_token_id is None:
+            raise InputError("the prompt is empty and this model's vocabulary has no <|endoftext|> to start from")
+        ids = [config.eos_token_id]
+    room = config.n_positions - positions_needed(0, max_new_tokens)  # the longest prompt that fits
+    if len(ids) > room:
+        if not truncate_prompt or room < 1:
+            raise context_error(config.n_positions, len(ids), max_new_tokens, TRUNCATE_HINT if room >= 1 else "")
+        ids = ids[-room:]
+    return ids
+
+
+def check_stop(model: GPT2, stop) -> tuple[str, ...]:
+    """Stop strings as a tuple of non-empty strings; they need the model's tokenizer to be matched."""
+    if stop is None:
+        return ()
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise InputError(f"stop must be a list of strings, got {shown(stop)}")
+    for s in stop:
+        if not s:
+            raise InputError("a stop string must not be empty")
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InputError(f"stop string {shown(s)} is not valid Unicode text") from None
+    if stop and getattr(model, "tokenizer_loader", None) is None:
+        raise InputError(f"stop strings need the model's tokenizer, and this model's vocabulary "
+                         f"({model.config.vocab_size} tokens) is not GPT-2's")
+    return tuple(stop)
+
+
+def check_stride(stride, n_positions: int) -> int:
+    """The tokens each window after the first scores: default n_positions // 2 (at least 1); 1 .. n_positions."""
+    if stride is None:
+        return max(1, n_positions // 2)
+    if isinstance(stride, bool) or not isinstance(stride, Integral) or not 1 <= stride <= n_positions:
+        raise InputError(f"stride must be an integer in 1..{n_positions} (n_positions), got {shown(stride)}")
+    return int(stride)
+
+
+def check_speculation(model: GPT2, speculate, draft_tokens: int | None, max_positions: int) -> tuple[Drafter, int]:
+    """The drafter `speculate` names ("ngram", a draft model, or any object with the Drafter
+    methods, its proposals then checked: CheckedDrafter), checked against the model and the
+    request, and the most drafts per step (draft_tokens, default DRAFT_TOKENS)."""
+    draft_tokens = check_int(DRAFT_TOKENS if draft_tokens is None else draft_tokens, "draft_tokens", 1)
+    if isinstance(speculate, str):
+        if speculate != "ngram":
+            raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {shown(speculate)}")
+        return NGramDrafter(), draft_tokens
+    if isinstance(speculate, type):
+        raise InputError(f"speculate got the class {speculate.__name__}: give an instance, {speculate.__name__}(...)")
+    if not isinstance(speculate, GPT2):
+        if callable(getattr(speculate, "propose", None)) and callable(getattr(speculate, "accepted", None)):
+            return CheckedDrafter(speculate, model.config.vocab_size), draft_tokens
+        raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {type(speculate).__name__}")
+    if speculate.config.vocab_size != model.config.vocab_size:
+        raise InputError(f"the draft model's vocabulary has {speculate.config.vocab_size} tokens and the "
+                         f"model's {model.config.vocab_size}: a draft must share the model's vocabulary")
+    if max_positions > speculate.config.n_positions:
+        raise ContextLengthError(f"this request needs {max_positions} positions and the draft model's context "
+                                 f"holds {speculate.config.n_positions} (n_positions)")
+    return ModelDrafter(speculate, max_positions), draft_tokens
+
+
+Q_TOLERANCE = 1e-6  # how far a row of q may sum from 1: float32 rounding, not a distribution forgotten
+
+
+class CheckedDrafter:
+    """A drafter of one's own whose every proposal is checked against the contract (check_proposal)
+    before the model trusts it; NGramDrafter and ModelDrafter keep it by construction."""
+
+    def __init__(self, drafter: Drafter, vocab_size: int):
+        self.drafter, self.vocab_size = drafter, vocab_size
+
+    def propose(self, ids, k, options, rng):
+        return check_proposal(self.drafter, self.drafter.propose(ids, k, options, rng), k, self.vocab_size)
+
+    def accepted(self, n_positions):
+        self.drafter.accepted(n_positions)
+
+
+def check_proposal(drafter: Drafter, proposal, k: int, vocab_size: int) -> tuple[list[int], np.ndarray | None]:
+    """A drafter's `propose` result checked: (drafts, q) with at most k token ids in the vocabulary and
+    q None or [len(drafts), vocab] probabilities (finite, >= 0, each row summing to 1, every draft's
+    own > 0: the acceptance rule min(1, p/q) divides by it, and a q of zeros would accept every
+    draft). A breach is a DrafterError naming the drafter and what it returned; O(k * vocab)."""
+    def breach(problem: str) -> DrafterError:
+        return DrafterError(f"the drafter {type(drafter).__name__}'s propose returned {problem}; it must return "
+                            f"(drafts, q): at most {k} token ids and None or their probabilities [n, {vocab_size}]")
+
+    if not isinstance(proposal, tuple) or len(proposal) != 2:
+        raise breach(f"{type(proposal).__name__} {shown(proposal)}")
+    drafts, q = proposal
+    try:
+        drafts = check_ids(drafts, vocab_size).tolist()
+    except InputError as e:
+        raise breach(f"drafts that are no token ids ({e})") from None
+    if len(drafts) > k:
+        raise breach(f"{len(drafts)} drafts where {k} were asked for")
+    if q is None:
+        return drafts, None
+    try:
+        array = np.asarray(q)
+    except ValueError:  # ragged rows
+        raise breach(f"a q that is no array of numbers ({type(q).__name__})") from None
+    if array.dtype.kind not in "biuf":  # complex would lose its imaginary part, objects and text fail later
+        raise breach(f"a q that is no array of real numbers ({type(q).__name__} of {array.dtype})")
+    q = array.astype(np.float64)
+    if q.shape != (len(drafts), vocab_size):
+        raise breach(f"q of shape {list(q.shape)} for {len(drafts)} drafts")
+    if not np.isfinite(q).all() or (q < 0).any():
+        raise breach("a q with negative, NaN or infinite probabilities")
+    sums = q.sum(axis=1)
+    if (abs(sums - 1) > Q_TOLERANCE).any():
+        i = int(np.argmax(abs(sums - 1)))
+        raise breach(f"a q whose row {i} sums to {sums[i]:.6g}, not 1")
+    if drafts and (q[np.arange(len(drafts)), drafts] <= 0).any():
+        i = int(np.flatnonzero(q[np.arange(len(drafts)), drafts] <= 0)[0])
+        raise breach(f"draft {i} ({drafts[i]}) with probability 0 in its row of q")
+    return drafts, q

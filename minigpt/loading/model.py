@@ -1,0 +1,119 @@
+"""`Model`: a GPT-2 with its forwards checked at the boundary, as scripts call them.
+
+`model.forward(ids)` is gpt2.forward, `model.forward(ids, cache)` kv_cache.forward_cached and
+`model.forward_batch` paging.forward_batch, each after minigpt.loading.checks has looked at what it is
+given, and with one isfinite over the logits: an overflow is a NumericalError naming the layer
+where it began (tracing.first_non_finite).
+"""
+
+from __future__ import annotations
+
+import os
+import reprlib
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from .checks import check_cache, check_ids, check_parts, check_room
+from ..errors import InputError, NumericalError, check_int, shown
+from ..gpt2.forward import GPT2, forward
+from ..exact.kernels import EXACT
+from ..cache.kv_cache import KVCache, forward_cached, new_cache
+from ..gpt2.layers import Kernels
+from ..engine.paging import clear_page_tail, forward_batch
+from ..loop.sequence import check_finite
+from ..exact.tracing import first_non_finite
+
+if TYPE_CHECKING:  # the model never tokenizes; it only carries the loader
+    from tiktoken import Encoding
+
+
+@dataclass(frozen=True, eq=False)
+class Model(GPT2):
+    """A loaded GPT-2: configuration, weights and kernel set (EXACT by default), with checked forwards.
+
+    The tokenizer is built on first use of `.tokenizer` by `tokenizer_loader` (None: the model has no
+    tokenizer, e.g. a test checkpoint whose vocabulary is not GPT-2's), so that work on token ids
+    alone never needs GPT-2's BPE tables.
+    """
+
+    kernels: Kernels = EXACT
+    tokenizer_loader: Callable[[], Encoding] | None = None
+
+    def __post_init__(self) -> None:
+        check_parts(self.params, self.config, self.kernels)  # weights of another config: refused at once
+
+    @cached_property
+    def tokenizer(self) -> Encoding | None:
+        return None if self.tokenizer_loader is None else self.tokenizer_loader()
+
+    def forward(self, ids, cache: KVCache | None = None, *, logits_to_keep: int = 0) -> np.ndarray:
+        """Logits for the T positions of `ids`, float32 [T, vocab_size], continuing after the cache's
+        `length` positions and appending their keys and values to it (no cache: from position 0).
+        With logits_to_keep = n > 0, those of the last n positions only, [n, vocab_size]."""
+        return self.forward_batch([ids], [cache], logits_to_keep=logits_to_keep)[0]
+
+    def forward_batch(self, ids_list, caches, *, logits_to_keep: int = 0) -> list[np.ndarray]:
+        """`forward` for several sequences in one pass over the weights, each with its own cache
+        (model.new_cache(), a PagePool's, or None): each gets the logits `forward` gives it."""
+        if not isinstance(ids_list, (list, tuple)) or not isinstance(caches, (list, tuple)):
+            raise InputError(f"forward_batch takes a list of id sequences and a list of caches, got "
+                             f"{type(ids_list).__name__} and {type(caches).__name__}")
+        if len(ids_list) != len(caches):
+            raise InputError(f"forward_batch got {len(ids_list)} id sequences and {len(caches)} caches")
+        if len({id(c) for c in caches if c is not None}) < sum(c is not None for c in caches):
+            raise InputError("forward_batch got the same cache for two sequences: each needs its own")
+        logits_to_keep = check_int(logits_to_keep, "logits_to_keep", 0)
+        ids_list = [check_ids(ids, self.config.vocab_size) for ids in ids_list]
+        checked = []
+        for ids, cache in zip(ids_list, caches):
+            if ids.size == 0:
+                raise InputError("forward needs at least one token id")
+            cache = new_cache(self.config, min(ids.size, self.config.n_positions)) if cache is None \
+                else check_cache(self.config, cache)
+            check_room(self.config, cache, ids.size)
+            clear_page_tail(cache, cache.length + ids.size)
+            checked.append(cache)
+        starts = [cache.length for cache in checked]
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is caught below, as one error
+                if len(ids_list) == 1 and caches[0] is None:  # the whole sequence: part 1's forward
+                    logits = [forward(self, ids_list[0], logits_to_keep)]
+                elif len(ids_list) == 1 and isinstance(checked[0], KVCache):
+                    logits = [forward_cached(self, ids_list[0], checked[0], logits_to_keep)]
+                else:
+                    logits = forward_batch(self, ids_list, checked, [logits_to_keep] * len(ids_list))
+            for row in logits:
+                check_finite(row)
+        except BaseException as e:  # an overflow, or Ctrl-C mid-forward: every cache's length as it was
+            for cache, start in zip(checked, starts):
+                cache.length = start
+            if isinstance(e, NumericalError):
+                raise overflow(self, e, ids_list[0], checked[0] if isinstance(checked[0], KVCache) else None) from None
+            raise
+        return logits
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """An empty KV cache for `capacity` positions, 1 .. n_positions (default: the whole context)."""
+        capacity = self.config.n_positions if capacity is None else check_int(capacity, "capacity", 1)
+        if capacity > self.config.n_positions:
+            raise InputError(f"capacity must be at most the model's context of {self.config.n_positions} positions "
+                             f"(n_positions), got {shown(capacity)}")
+        return new_cache(self.config, capacity)
+
+
+def overflow(gpt: GPT2, error: NumericalError, ids, cache: KVCache | None = None) -> NumericalError:
+    """`error` naming the first layer whose output stopped being finite, found by tracing the forward
+    over ids again (after the cache's positions, whose keys and values it writes again, unchanged)."""
+    return NumericalError(f"{error} after {first_non_finite(gpt, ids, cache)}: the weights are finite but too "
+                          "large for float32 arithmetic")
+
+
+def check_model(model: object) -> Model:
+    """`model` if it is a Model; else InputError (a name or a path must be loaded first)."""
+    if not isinstance(model, Model):
+        hint = ": load it first (minigpt.load)" if isinstance(model, (str, os.PathLike)) else ""
+        raise InputError(f"model must be a minigpt.Model, got {type(model).__name__} {reprlib.repr(model)}{hint}")
+    return model

@@ -1,0 +1,235 @@
+"""One request being generated: its checked options, its random generator, the tokens it has
+produced with their log-probabilities, and the rules that end it.
+
+Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.loop.loops), speculative
+decoding (minigpt.engine.speculative) and the engine (minigpt.engine.scheduler). So they choose, record
+and stop alike, and a sequence's result does not depend on which loop produced it.
+
+A sequence ends at the first of: its end-of-text token (`stop_at_eos`), `max_new_tokens` tokens,
+or a stop string in its new text. Stop strings are matched on the UTF-8 bytes of the new tokens, so
+across token boundaries, as OpenAI's API, vLLM, Hugging Face and lm-evaluation-harness do them: the
+text ends immediately before the first stop string (a token that straddles it gives its text before
+the stop), and the tokens run up to and including the one that completed the stop string, each with
+its log-probability. Matching costs time linear in the new bytes, however many bytes are held back
+and however many stop strings there are (`StopMatcher`). Each token's share of the text is final
+once no stop string can begin before its end: `stream` yields it then (docs/sampling.md).
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ContextLengthError, NumericalError, shown
+from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
+
+
+@dataclass(frozen=True)
+class Request:
+    """A generation request, checked (minigpt.scripted.api.make_request): the prompt as fed and every option."""
+
+    prompt: tuple[int, ...]  # as fed to the model (an empty prompt becomes (<|endoftext|>,))
+    max_new_tokens: int
+    sampling: SamplingOptions
+    eos_token_id: int | None  # the token that ends the sequence; None: none does (stop_at_eos=False)
+    stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
+    token_bytes: Callable[[int], bytes] | None = None  # the tokenizer's; None: no text, no stop strings
+
+    @property
+    def max_positions(self) -> int:
+        """Positions its cache must hold at most (see positions_needed)."""
+        return positions_needed(len(self.prompt), self.max_new_tokens)
+
+
+def positions_needed(prompt_len: int, max_new_tokens: int) -> int:
+    """Positions a generation feeds at most: the prompt and every new token but the last, which is
+    returned, never fed. It must be at most n_positions."""
+    return prompt_len + max(max_new_tokens, 1) - 1
+
+
+def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
+    """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
+    return ContextLengthError(f"prompt of {prompt_len} tokens + {shown(max_new_tokens)} new tokens need "
+                              f"{shown(positions_needed(prompt_len, max_new_tokens))} positions (the last new token is "
+                              f"never fed), beyond the context of {n_positions} (n_positions); shorten them{hint}")
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    prompt_ids: list[int]  # as fed to the model (an empty prompt becomes [<|endoftext|>])
+    tokens: list[int]  # the new token ids (with the end-of-text token or the stop string's last token that ended it)
+    text: str | None  # the new text, ended before a stop string, without an ending <|endoftext|>; None: no tokenizer
+    step_seconds: list[float]  # wall time of the step that produced each token (the first includes the prefill)
+    logprobs: list[float]  # log P(token | everything before it) under the model's raw distribution
+    top_logprobs: list[list[tuple[int, float]]] | None  # per token, the N most likely (id, logprob); None: not asked
+    finish_reason: str  # "eos", "length" or "stop"
+    use_cache: bool  # the cached loop (every loop but generate's naive one)
+    preemptions: int = 0  # times the engine's scheduler took its cache away (minigpt.engine.scheduler)
+    drafted: int = 0  # tokens proposed by a speculative drafter (minigpt.engine.speculative)
+    accepted: int = 0  # of those, how many the model accepted
+    cached_tokens: int = 0  # prompt positions whose keys and values came from an engine's prefix cache
+    prompt_logprobs: list[float | None] | None = None  # [None, log P(prompt[1] | prompt[:1]), ...]; None: not asked
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None  # per prompt position, with top_logprobs
+
+
+@dataclass(frozen=True)
+class StreamedToken:
+    """One token as `stream` yields it, once its share of the text is final. `text` is the text it
+    adds: "" for a token whose bytes only begin a character (the token completing it carries it), or
+    that lies past a stop string or ends the sequence; None without a tokenizer. Concatenated, the
+    texts are the result's `text`."""
+
+    token: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]] | None
+    text: str | None
+
+
+def failure_table(pattern: bytes) -> list[int]:
+    """Knuth-Morris-Pratt's table: entry k is the length of the longest proper prefix of pattern[:k + 1]
+    that is also a suffix of it (where a partial match can resume after a mismatch)."""
+    table, k = [0] * len(pattern), 0
+    for i in range(1, len(pattern)):
+        while k and pattern[i] != pattern[k]:
+            k = table[k - 1]
+        if pattern[i] == pattern[k]:
+            k += 1
+        table[i] = k
+    return table
+
+
+class StopMatcher:
+    """Finds the first of several stop strings in bytes fed piece by piece. For each stop string it
+    keeps the length of its longest prefix that the bytes so far end with (Knuth-Morris-Pratt), so each
+    new byte costs amortised O(1) per stop string, never a rescan of what was held back."""
+
+    def __init__(self, stops: tuple[bytes, ...]):
+        self.stops = stops
+        self.tables = [failure_table(s) for s in stops]
+        self.matched = [0] * len(stops)  # per stop string: the prefix of it the bytes end with
+        self.length = 0  # bytes fed so far
+
+    def feed(self, data: bytes) -> int | None:
+        """Take the next bytes; the offset where the earliest stop string completed in them begins, or None."""
+        first = None
+        for j, (stop, table) in enumerate(zip(self.stops, self.tables)):
+            k = self.matched[j]
+            for i, byte in enumerate(data):
+                while k and stop[k] != byte:
+                    k = table[k - 1]
+                if stop[k] == byte:
+                    k += 1
+                if k == len(stop):  # this stop string's first occurrence: later ones begin later
+                    start = self.length + i + 1 - k
+                    first = start if first is None else min(first, start)
+                    break
+            self.matched[j] = k
+        self.length += len(data)
+        return first
+
+    @property
+    def open_from(self) -> int:
+        """Where the bytes that could still begin a stop string start: everything before is final."""
+        return self.length - max(self.matched)
+
+
+def check_finite(logits: np.ndarray) -> None:
+    """NumericalError unless every logit is finite: finite weights too large for float32 overflow in the
+    forward, and a token cannot be chosen from NaN. One pass over the logits: what a step can afford."""
+    if not np.isfinite(logits).all():
+        raise NumericalError("the activations are not finite (NaN or infinity)")
+
+
+@dataclass(eq=False)
+class Sequence:
+    """The state of one request being generated. Mutable: the loops append to it."""
+
+    request: Request
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    released: int = 0  # tokens whose share of the text is final (what `stream` may show)
+    preemptions: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.request.sampling.seed)
+        self.texts: list[str] = []  # the text each released token adds
+        self._bytes = bytearray()  # the new text's bytes (an ending <|endoftext|> adds none)
+        self._ends: list[int] = []  # where each token's bytes end in _bytes
+        self._cut: int | None = None  # where the first stop string begins in _bytes, once found
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
+        self._stops = StopMatcher(tuple(s.encode() for s in self.request.stop)) if self.request.stop else None
+        if self.request.max_new_tokens == 0:
+            self.finish_reason = "length"
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def ids(self) -> list[int]:
+        """The whole sequence so far: prompt and new tokens."""
+        return [*self.request.prompt, *self.tokens]
+
+    def choose(self, logits: np.ndarray) -> int:
+        """The next token from one row of logits [vocab], with this sequence's options and generator."""
+        check_finite(logits)
+        return next_token(logits, self.request.sampling, self.rng)
+
+    def append(self, token: int, logits: np.ndarray, seconds: float) -> None:
+        """Record a new token, chosen from `logits` (its row [vocab]), and end the sequence if it must."""
+        if self.done:
+            raise RuntimeError("append to a finished sequence")
+        self.tokens.append(token)
+        self.logprobs.append(token_log_prob(logits, token))
+        if self.request.top_logprobs:
+            self.top_logprobs.append(top_log_probs(log_softmax(logits), self.request.top_logprobs))
+        self.seconds.append(seconds)
+        if token == self.request.eos_token_id:
+            self.finish_reason = "eos"
+        elif self.request.token_bytes is not None:
+            data = self.request.token_bytes(token)
+            if self._stops is not None and (cut := self._stops.feed(data)) is not None:
+                self._cut, self.finish_reason = cut, "stop"
+            self._bytes += data
+        self._ends.append(len(self._bytes))
+        if not self.done and len(self.tokens) == self.request.max_new_tokens:
+            self.finish_reason = "length"
+        self._release()
+
+    def _release(self) -> None:
+        """Give each token whose bytes can no longer be cut by a stop string its share of the text."""
+        if self.request.token_bytes is None:
+            self.released = len(self.tokens)
+            return
+        final = len(self._bytes) if self.done or self._stops is None else self._stops.open_from
+        cut = len(self._bytes) if self._cut is None else self._cut
+        while self.released < len(self.tokens) and self._ends[self.released] <= final:
+            i = self.released
+            start = self._ends[i - 1] if i else 0
+            last = self.done and i == len(self.tokens) - 1  # then bytes left in the decoder become U+FFFD
+            self.texts.append(self._decoder.decode(self._bytes[start:min(self._ends[i], cut)], last))
+            self.released += 1
+
+    def result(self, use_cache: bool) -> GenerationResult:
+        return GenerationResult(
+            list(self.request.prompt), list(self.tokens), None if self.request.token_bytes is None else "".join(self.texts),
+            list(self.seconds), list(self.logprobs),
+            [list(t) for t in self.top_logprobs] if self.request.top_logprobs else None,
+            self.finish_reason, use_cache, self.preemptions, self.drafted, self.accepted)
+
+    def streamed(self, start: int) -> list[StreamedToken]:
+        """Records of the released tokens from index `start` on."""
+        top = self.top_logprobs if self.request.top_logprobs else None
+        texts = self.texts if self.request.token_bytes is not None else None
+        return [StreamedToken(self.tokens[i], self.logprobs[i], None if top is None else top[i],
+                              None if texts is None else texts[i])
+                for i in range(start, self.released)]

@@ -1,0 +1,291 @@
+"""The public functions scripts call: generate, stream, generate_batch, Engine, score, prove. Each checks what it
+is given (minigpt.loading.checks), then runs the loops that assume checked input (minigpt.loop.loops,
+minigpt.engine.speculative, minigpt.engine.scheduler) and minigpt.scripted.scoring, an overflow named by its layer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, TypeVar
+
+import numpy as np
+
+from ..exact import causal_proof
+from . import scoring
+from ..loading.checks import (check_ids, check_sampling, check_speculation, check_stop, check_stride, prepare_prompt,
+                     with_truncate_hint)
+from ..errors import InputError, MinigptError, NumericalError, check_bool, check_int, shown
+from ..loop.loops import cached_steps, naive_steps
+from ..gpt2.forward import GPT2
+from ..loading.model import Model, check_model, overflow
+from ..engine.scheduler import Scheduler
+from ..engine.paging import PAGE, PagePool, pages_for
+from ..loop.sampling import MAX_TOP_LOGPROBS
+from ..loop.sequence import GenerationResult, Request, Sequence, StreamedToken
+from ..engine.speculative import speculative_steps
+
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------------------------ generation
+
+
+def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, *, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
+                 truncate_prompt: bool = False) -> Request:
+    """Check everything about a request before any work is done."""
+    check_model(model)
+    sampling = check_sampling(temperature, top_k, top_p, seed)
+    prompt = prepare_prompt(model, prompt_ids, max_new_tokens, check_bool(truncate_prompt, "truncate_prompt"))
+    top_logprobs = check_int(top_logprobs, "top_logprobs", 0, maximum=MAX_TOP_LOGPROBS)
+    eos = model.config.eos_token_id if check_bool(stop_at_eos, "stop_at_eos") else None
+    stop = check_stop(model, stop)
+    # the text and the stop strings need the tokenizer's bytes: it is built now, before any work
+    token_bytes = None if model.tokenizer_loader is None else model.tokenizer.decode_single_token_bytes
+    return Request(tuple(prompt), int(max_new_tokens), sampling, eos, stop, top_logprobs, token_bytes)
+
+
+def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, *, use_cache: bool, temperature: float,
+                       top_k: int | None, top_p: float | None, seed: int | None, stop_at_eos: bool, stop,
+                       top_logprobs: int, truncate_prompt: bool, speculate,
+                       draft_tokens: int | None) -> tuple[Sequence, Iterator[None]]:
+    """Check a request now, before any work; return its sequence and its loop, not yet started: the
+    naive, cached or speculative steps, each yielding after a model step, with an overflow named
+    by its layer. No defaults here: they are `generate`'s, which `stream` repeats (a test keeps the
+    two signatures equal)."""
+    request = make_request(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs,
+                           truncate_prompt=truncate_prompt)
+    seq = Sequence(request)
+    if speculate is not None:
+        if not check_bool(use_cache, "use_cache"):
+            raise InputError("speculative decoding checks drafts against the KV cache: it cannot run without it")
+        drafter, draft_tokens = check_speculation(model, speculate, draft_tokens, request.max_positions)
+        return seq, checked_steps(model, seq, speculative_steps(model, seq, drafter, draft_tokens))
+    if draft_tokens is not None:  # an option without effect is a mistake, never silently ignored
+        raise InputError(f"draft_tokens ({shown(draft_tokens)}) has no effect without speculate (the drafter)")
+    loop = cached_steps if check_bool(use_cache, "use_cache") else naive_steps
+    return seq, checked_steps(model, seq, loop(model, seq))
+
+
+def named_overflow(gpt: GPT2, items: Iterator[T], ids: Callable[[], list[int]]) -> Iterator[T]:
+    """The items of a loop, each computed with overflow warnings off: an overflow is the NumericalError
+    of a finiteness check, raised here naming the layer where it began in a forward over ids()."""
+    while True:
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                item = next(items)
+        except StopIteration:
+            return
+        except NumericalError as e:
+            raise overflow(gpt, e, ids()) from None
+        yield item
+
+
+def checked_steps(gpt: GPT2, seq: Sequence, loop: Iterator) -> Iterator:
+    """A sequence's loop, its overflows named by the layer where they began."""
+    return named_overflow(gpt, loop, lambda: seq.ids)
+
+
+def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
+             truncate_prompt: bool = False, speculate=None, draft_tokens: int | None = None,
+             on_step: Callable[[int, float], None] | None = None) -> GenerationResult:
+    """Generate up to `max_new_tokens` tokens after `prompt_ids` and time each one.
+
+    temperature 0 is greedy; otherwise top_k, top_p and a seed shape and fix the sampling
+    (minigpt.loop.sampling). The sequence ends at <|endoftext|> (unless stop_at_eos=False), after
+    max_new_tokens, or at the token completing the first of the `stop` strings in its new text (its
+    `text` ends before the string; docs/sampling.md). top_logprobs=N also records the N most likely
+    tokens at each step (N at most 20). `speculate` ("ngram", a draft Model or a Drafter) checks up to
+    `draft_tokens` (default 4) guessed tokens per step (minigpt.engine.speculative): greedy with the exact
+    kernels, the tokens are plain greedy decoding's (the fast kernels' ULPs may break a near-tie
+    otherwise); sampling, they follow the same distribution, though a seed gives other tokens.
+    on_step(tokens so far, that token's seconds) is called after each token (a progress bar); its
+    own time is not counted in the next token's.
+    """
+    if on_step is not None and not callable(on_step):
+        raise InputError(f"on_step must be a function or None, got {type(on_step).__name__}")
+    seq, loop = sequence_and_steps(
+        model, prompt_ids, max_new_tokens, use_cache=use_cache, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs, truncate_prompt=truncate_prompt,
+        speculate=speculate, draft_tokens=draft_tokens)
+    reported = 0
+    for _ in loop:
+        if on_step is not None:
+            for i in range(reported, len(seq.tokens)):
+                on_step(i + 1, seq.seconds[i])
+            reported = len(seq.tokens)
+    return seq.result(bool(use_cache))  # checked in sequence_and_steps: True or False, maybe NumPy's
+
+
+def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True,
+           temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+           seed: int | None = None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
+           truncate_prompt: bool = False, speculate=None,
+           draft_tokens: int | None = None) -> Iterator[StreamedToken]:
+    """Yield the new tokens as they are produced, each with its log-probabilities and the text it adds:
+    `generate`'s parameters (without on_step), checked at the call. A token is held back while its
+    text could still begin a stop string, so that the streamed texts concatenate to generate's `text`
+    and nothing streamed is taken back (docs/sampling.md)."""
+    seq, loop = sequence_and_steps(
+        model, prompt_ids, max_new_tokens, use_cache=use_cache, temperature=temperature, top_k=top_k, top_p=top_p,
+        seed=seed, stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs, truncate_prompt=truncate_prompt,
+        speculate=speculate, draft_tokens=draft_tokens)
+
+    def tokens() -> Iterator[StreamedToken]:
+        shown = 0
+        for _ in loop:
+            records = seq.streamed(shown)
+            shown += len(records)
+            yield from records
+
+    return tokens()
+
+
+# ---------------------------------------------------------------------------- many prompts
+
+
+PER_PROMPT = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
+
+
+def make_requests(model: Model, prompts, options: dict) -> list[Request]:
+    """One checked Request per prompt. Each option is one value for all prompts or a list with one
+    value per prompt (`stop`: a list of strings for all, or a list of such lists). A bad request
+    is named by its index, before any work."""
+    check_model(model)
+    if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
+        raise InputError("prompts must be a list of token-id lists")
+    per_prompt = {}
+    for name in PER_PROMPT:
+        value = options[name]
+        listed = (isinstance(value, (list, tuple)) and (name != "stop" or any(
+            v is None or isinstance(v, (list, tuple)) for v in value)))
+        if listed and len(value) != len(prompts):
+            raise InputError(f"{name} has {len(value)} values for {len(prompts)} prompts")
+        per_prompt[name] = value if listed else [value] * len(prompts)
+    requests = []
+    for i, prompt in enumerate(prompts):
+        try:
+            requests.append(make_request(model, prompt, stop_at_eos=options["stop_at_eos"],
+                                         top_logprobs=options["top_logprobs"],
+                                         **{name: per_prompt[name][i] for name in PER_PROMPT}))
+        except MinigptError as e:  # no truncate_prompt here: its hint would name an option this API lacks
+            raise type(e)(f"prompt {i}: {with_truncate_hint(e, '')}") from None
+    return requests
+
+
+class Engine(Scheduler):
+    """A page pool and continuous-batching scheduler that last across calls, with a prefix cache:
+    full pages of keys and values are kept and reused by later requests that begin with the same
+    tokens (minigpt.engine.scheduler). The pool holds kv_cache_tokens positions (default, and at most: a whole
+    context per place in the batch); its memory is committed as pages are written."""
+
+    def __init__(self, model: Model, *, max_batch_size: int = 16, kv_cache_tokens: int | None = None,
+                 prefix_cache: bool = True):
+        check_model(model)
+        max_batch_size = check_int(max_batch_size, "max_batch_size", 1)
+        most = max_batch_size * model.config.n_positions  # all the batch can hold at once
+        tokens = most if kv_cache_tokens is None else min(check_int(kv_cache_tokens, "kv_cache_tokens", 1), most)
+        try:
+            pool = PagePool(model.config, pages_for(tokens))
+        except (MemoryError, OSError, OverflowError, ValueError) as e:
+            raise InputError(f"cannot reserve memory for keys and values of {tokens} positions ({e}): lower "
+                             "kv_cache_tokens or max_batch_size") from None
+        super().__init__(model, pool, max_batch_size, check_bool(prefix_cache, "prefix_cache"))
+
+    def generate(self, prompts, max_new_tokens=40, *, temperature=0.0, top_k=None, top_p=None, seed=None,
+                 stop_at_eos: bool = True, stop=None, top_logprobs: int | None = None,
+                 prompt_logprobs=False) -> list[GenerationResult]:
+        """generate_batch's options (each one value or one per prompt) and prompt_logprobs: results in
+        prompt order, each as if generated alone. With prompt_logprobs, result.prompt_logprobs is
+        [None, log P(ids[1] | ids[:1]), ...] (bitwise minigpt.score's with the exact kernels) and,
+        with top_logprobs=N, result.prompt_top_logprobs the N most likely at each position.
+        max_new_tokens=0 scores only."""
+        options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                       stop=stop, stop_at_eos=stop_at_eos, top_logprobs=0 if top_logprobs is None else top_logprobs)
+        requests = make_requests(self.gpt, prompts, options)
+        scoring = prompt_logprobs if isinstance(prompt_logprobs, (list, tuple)) else [prompt_logprobs] * len(requests)
+        if len(scoring) != len(requests):
+            raise InputError(f"prompt_logprobs has {len(scoring)} values for {len(requests)} prompts")
+        results: list[GenerationResult | None] = [None] * len(requests)
+        for i, result in self.results(requests, [check_bool(p, "prompt_logprobs") for p in scoring]):
+            results[i] = result
+        return results
+
+    def results(self, requests: list[Request], prompt_logprobs: list[bool],
+                on_step: Callable[[int], None] | None = None) -> Iterator[tuple[int, GenerationResult]]:
+        """Run checked requests to the end: (index, result) as each of them finishes; on_step(new
+        tokens) after every step. Requests submitted otherwise run alongside, to their end, but are
+        not among the results. A request that could never fit in the pool is refused before any work."""
+        self.check_fits(requests)
+        jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
+        mine = set(jobs)
+        unfinished = lambda: next((j for j in jobs if not j.seq.done), jobs[0]).seq.ids  # noqa: E731
+        for job in named_overflow(self.gpt, self.run(on_step), unfinished):
+            if job in mine:
+                yield job.index, job.result()
+
+    def check_fits(self, requests: list[Request]) -> None:
+        """InputError naming the first request that could never fit in the pool ("prompt i: ...")."""
+        for i, r in enumerate(requests):
+            if pages_for(r.max_positions) > self.pool.n_pages:
+                raise InputError(f"prompt {i}: {len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
+                                 f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); "
+                                 f"the pool holds {self.pool.n_pages * PAGE} (kv_cache_tokens)")
+
+
+def generate_batch(model: Model, prompts, max_new_tokens=40, *, temperature=0.0, top_k=None, top_p=None,
+                   seed=None, stop_at_eos: bool = True, stop=None, top_logprobs: int = 0,
+                   max_batch_size: int = 16, kv_cache_tokens: int | None = None,
+                   prefix_cache: bool = True) -> list[GenerationResult]:
+    """Generate for every prompt (a list of token-id lists), decoding up to `max_batch_size` of them
+    together, on a one-shot Engine (prompts of one call share their prefixes). Returns the results
+    in prompt order.
+
+    Each of max_new_tokens, temperature, top_k, top_p, seed and stop is one value for all prompts or a
+    list with one per prompt. An int seed gives every prompt its own generator seeded with it, as
+    if it were generated alone. A step's wall time counts for every token it produced. The keys and
+    values of all sequences share a pool of kv_cache_tokens positions (default: max_batch_size whole
+    contexts); sequences are preempted and recomputed when it runs short (minigpt.engine.scheduler). With the
+    exact kernels, result i equals generate(model, prompts[i], ...) with prompt i's options.
+    """
+    n_prompts = len(prompts) if hasattr(prompts, "__len__") else 1
+    at_once = min(check_int(max_batch_size, "max_batch_size", 1), max(1, n_prompts))  # all the batch can hold
+    engine = Engine(model, max_batch_size=at_once, kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache)
+    return engine.generate(prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                           stop_at_eos=stop_at_eos, stop=stop, top_logprobs=top_logprobs)
+
+
+# ------------------------------------------------------------------------------- scoring
+
+
+def score(model: Model, ids, stride: int | None = None) -> np.ndarray:
+    """float64 [len(ids) - 1]: log P(ids[i] | ids[:i]) for i = 1 .. len(ids) - 1, in windows of
+    n_positions tokens advancing by `stride` (default n_positions // 2) when the text is longer
+    (minigpt.scripted.scoring)."""
+    ids = check_ids(ids, check_model(model).config.vocab_size)  # [N]
+    if ids.size < 2:
+        raise InputError(f"scoring needs at least 2 tokens (the first is only context for the next), got {ids.size}")
+    stride = check_stride(stride, model.config.n_positions)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return scoring.score(model, ids, stride)
+    except NumericalError as e:
+        raise overflow(model, e, ids[:model.config.n_positions]) from None
+
+
+# ---------------------------------------------------------------------------------- proof
+
+
+def prove(model: Model, prompt_ids, n_steps: int = 8) -> causal_proof.Proof:
+    """causal_proof.prove on a checked prompt: every check of the argument that the cache is exact,
+    run with the model's kernels, and the fast kernels' drift for contrast."""
+    n_steps = check_int(n_steps, "n_steps", 2)  # the proof compares consecutive steps
+    prompt = prepare_prompt(check_model(model), prompt_ids, n_steps)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return causal_proof.prove(model, prompt, n_steps)
+    except NumericalError as e:
+        raise overflow(model, e, prompt) from None

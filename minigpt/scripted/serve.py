@@ -1,0 +1,463 @@
+"""`python -m minigpt serve`: OpenAI's completions API over HTTP, on one Engine that every request shares.
+
+Two sides, two threads. The engine thread alone drives the Engine: it submits the requests handed
+to it, cancels those whose client left, runs `step()` in a loop (continuous batching over everything
+in flight) and after each step hands every choice that progressed an Update: its newly released
+tokens, or its result. The HTTP side (Starlette on uvicorn's event loop) only checks a body
+(minigpt.scripted.completions), hands its choices over, and writes the Updates back as one JSON answer or as
+server-sent events. An error inside a step fails that step's requests with a 500 and is logged; the
+loop goes on. With the exact kernels every answer is bitwise `minigpt.generate`'s for that prompt
+alone (docs/serving.md explains why and how the tests check it).
+
+Needs the `serve` extra (starlette, uvicorn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import sys
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .api import Engine
+from ..loading.checks import check_ids
+from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
+                          encode_text, envelope, parse_json, usage_json)
+from ..engine.scheduler import Job
+from ..errors import InputError, MinigptError
+from ..loading.model import Model
+from ..loop.sequence import GenerationResult, Request, StreamedToken
+from ..loading.tokenizer import token_text
+
+log = logging.getLogger("minigpt.scripted.serve")
+MAX_BODY_BYTES = 8 * 2**20  # a body beyond this is refused (413) before it is read in full
+RETRY_AFTER_SECONDS = 1
+SHUTDOWN_GRACE_SECONDS = 3  # on SIGINT/SIGTERM, running requests get this long to finish, then are cancelled
+IDLE_POLL_SECONDS = 0.5  # an idle engine thread wakes this often to see whether it should stop
+
+
+# ------------------------------------------------------------------------- the engine thread
+
+
+@dataclass
+class Update:
+    """What the engine thread tells a choice after a step: tokens released since the last Update,
+    a snapshot of its result (with its first Update, for echo, and with its last), or an error."""
+
+    index: int
+    records: list[StreamedToken]
+    result: GenerationResult | None = None
+    final: bool = False
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One choice on its way through the engine thread. `deliver` is called from that thread."""
+
+    index: int
+    request: Request
+    prompt_logprobs: bool
+    deliver: Callable[[Update], None]
+    cancelled: bool = False
+    job: Job | None = None  # the fields below: the engine thread's alone
+    sent: int = 0  # tokens already delivered
+    started: bool = False
+
+
+class EngineThread:
+    """The one thread that runs the Engine: tickets in through a deque, Updates out through callbacks."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.incoming: deque[Ticket] = deque()
+        self.tickets: dict[Job, Ticket] = {}
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread = threading.Thread(target=self.loop, name="minigpt-engine", daemon=True)
+
+    def submit(self, tickets: list[Ticket]) -> None:
+        """Hand choices to the engine (any thread)."""
+        self.incoming.extend(tickets)
+        self.wake.set()
+
+    def cancel(self, tickets: list[Ticket]) -> None:
+        """Stop choices whose client left (any thread); their pages go back to the pool at the next step."""
+        for ticket in tickets:
+            ticket.cancelled = True
+        self.wake.set()
+
+    def stop(self) -> None:
+        """Cancel whatever is left, free its pages and end the thread."""
+        self.stopping = True
+        self.wake.set()
+        self.thread.join()
+
+    def loop(self) -> None:
+        while True:
+            self.wake.clear()
+            self.take_incoming()
+            for ticket in self.tickets.values():
+                if ticket.cancelled or self.stopping:
+                    self.engine.cancel(ticket.job)
+            if not self.tickets and not self.incoming:
+                if self.stopping:
+                    return
+                self.wake.wait(IDLE_POLL_SECONDS)
+                continue
+            self.step()
+
+    def take_incoming(self) -> None:
+        while self.incoming:
+            ticket = self.incoming.popleft()
+            ticket.job = self.engine.submit(ticket.request, ticket.index, ticket.prompt_logprobs)
+            self.tickets[ticket.job] = ticket
+
+    def step(self) -> None:
+        """One engine step, then an Update for every choice that progressed or finished. An error
+        fails the choices of the step (500) and cancels them; the engine goes on."""
+        finished: list[Job] = []
+        try:
+            finished, _ = self.engine.step()
+            self.updates(finished)
+        except Exception as e:  # a fault of minigpt's, never of the request: logged, and the loop goes on
+            log.exception("an engine step failed; its requests are answered with a 500")
+            message = f"internal error in the engine step: {type(e).__name__}: {e}"
+            self.finish([job for job in self.tickets if job.finished])  # ended before the fault: answered
+            ran = list(self.engine.running) or list(self.engine.waiting)  # those it ran, or tried to admit
+            for job in [*finished, *ran]:
+                if job in self.tickets:
+                    self.engine.cancel(job)
+                    self.tickets.pop(job).deliver(Update(job.index, [], final=True, error=message))
+
+    def finish(self, finished: list[Job]) -> None:
+        """Every finished choice its last Update: its result, or that it was cancelled."""
+        for job in finished:
+            ticket = self.tickets.pop(job, None)
+            if ticket is not None and not ticket.cancelled:
+                ticket.deliver(Update(job.index, job.seq.streamed(ticket.sent), job.result(), final=True))
+            elif ticket is not None:
+                ticket.deliver(Update(job.index, [], final=True, error="cancelled: the client left or the server "
+                                                                       "is shutting down"))
+
+    def updates(self, finished: list[Job]) -> None:
+        """Every finished choice its last Update; every running one that released tokens (or was just
+        prefilled: echo needs its prompt's scores) an Update."""
+        self.finish(finished)
+        for job in self.engine.running:
+            ticket = self.tickets.get(job)
+            if ticket is None:  # failed in an earlier step: leaving at the next
+                continue
+            records = job.seq.streamed(ticket.sent)
+            first = not ticket.started and job.prefilled
+            if records or first:
+                ticket.sent += len(records)
+                ticket.started = True
+                ticket.deliver(Update(job.index, records, job.result() if first else None))
+
+
+# ------------------------------------------------------------------------------- HTTP side
+
+
+class Service:
+    """What the HTTP handlers share: the model, its name, the engine thread and the queue's bound."""
+
+    def __init__(self, model: Model, engine: Engine, served_name: str, max_queue: int):
+        self.model, self.engine, self.served_name = model, engine, served_name
+        self.engine_thread = EngineThread(engine)
+        self.capacity = engine.max_batch_size + max_queue  # choices in flight: the running and the waiting
+        self.in_flight = 0
+
+    def app(self) -> Starlette:
+        routes = [Route("/health", self.health), Route("/v1/models", self.models),
+                  Route("/v1/completions", self.completions, methods=["POST"]),
+                  Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                  Route("/tokenize", self.tokenize, methods=["POST"]),
+                  Route("/detokenize", self.detokenize, methods=["POST"]),
+                  Route("/tokenizer_info", self.tokenizer_info)]
+        return Starlette(routes=routes, lifespan=self.lifespan,
+                         exception_handlers={404: self.not_found, 405: self.not_allowed, Exception: self.failed})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        self.engine_thread.thread.start()
+        try:
+            yield
+        finally:
+            self.engine_thread.stop()
+
+    # ------------------------------------------------------------------ small endpoints
+
+    async def health(self, request: HTTPRequest) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: HTTPRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.served_name, "object": "model", "created": 0, "owned_by": "minigpt",
+             "max_model_len": self.model.config.n_positions}]})
+
+    async def chat(self, request: HTTPRequest) -> Response:
+        return error_response(APIError("GPT-2 has no chat template: this server answers /v1/completions only",
+                                       None, "chat_not_supported"))
+
+    async def not_found(self, request: HTTPRequest, exc) -> Response:
+        return error_response(APIError(f"no such endpoint: {request.url.path}", None, "not_found", 404))
+
+    async def not_allowed(self, request: HTTPRequest, exc) -> Response:
+        return error_response(APIError(f"{request.method} is not allowed on {request.url.path}", None,
+                                       "method_not_allowed", 405))
+
+    async def failed(self, request: HTTPRequest, exc: Exception) -> Response:
+        """A fault of the server's own, never of the request: logged, and a 500 in OpenAI's shape."""
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(APIError(f"internal error: {type(exc).__name__}", None, "internal_error", 500,
+                                       "server_error"))
+
+    async def tokenizer_info(self, request: HTTPRequest) -> Response:
+        """GPT-2's tokenizer_config.json, as vLLM's /tokenizer_info gives a model's."""
+        eos = token_text(self.tokenizer(), self.model.config.eos_token_id)
+        return JSONResponse({"tokenizer_class": "GPT2Tokenizer", "bos_token": eos, "eos_token": eos, "unk_token": eos,
+                             "pad_token": None, "add_prefix_space": False,
+                             "model_max_length": self.model.config.n_positions})
+
+    async def tokenize(self, request: HTTPRequest) -> Response:
+        """vLLM's /tokenize: {"prompt": text} -> {"count", "max_model_len", "tokens", "token_strs"}."""
+        async def answer(body: dict) -> Response:
+            if "messages" in body:
+                raise APIError("GPT-2 has no chat template: tokenize a prompt, not messages", "messages")
+            self.check_fields(body, ("model", "prompt", "add_special_tokens", "return_token_strs"))
+            if not isinstance(body.get("prompt"), str):
+                raise APIError("prompt must be a string", "prompt")
+            tokenizer = self.tokenizer()
+            ids = encode_text(self.model, body["prompt"])  # add_special_tokens or not: GPT-2 adds none
+            strs = [token_text(tokenizer, t) for t in ids] if body.get("return_token_strs") else None
+            return JSONResponse({"count": len(ids), "max_model_len": self.model.config.n_positions, "tokens": ids,
+                                 "token_strs": strs})
+        return await self.checked(request, answer)
+
+    async def detokenize(self, request: HTTPRequest) -> Response:
+        """vLLM's /detokenize: {"tokens": ids} -> {"prompt": text}."""
+        async def answer(body: dict) -> Response:
+            self.check_fields(body, ("model", "tokens"))
+            tokens = body.get("tokens")
+            try:
+                ids = check_ids_field(tokens, self.model.config.vocab_size)
+            except InputError as e:
+                raise APIError(f"tokens: {e}", "tokens") from None
+            return JSONResponse({"prompt": self.tokenizer().decode(ids)})
+        return await self.checked(request, answer)
+
+    def check_fields(self, body: dict, fields: tuple[str, ...]) -> None:
+        unknown = [key for key in body if key not in fields]
+        if unknown:
+            raise APIError(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
+        check_model_name(body.get("model"), self.served_name)
+
+    def tokenizer(self):
+        if self.model.tokenizer is None:
+            raise APIError("this model's vocabulary is not GPT-2's: it has no tokenizer", None, "no_tokenizer")
+        return self.model.tokenizer
+
+    async def checked(self, request: HTTPRequest, answer) -> Response:
+        """answer(body) for a JSON body within the size limit; any APIError as OpenAI's error body."""
+        try:
+            return await answer(parse_json(await read_body(request)))
+        except APIError as e:
+            return error_response(e)
+
+    # ------------------------------------------------------------------ completions
+
+    async def completions(self, request: HTTPRequest) -> Response:
+        try:
+            body = parse_json(await read_body(request))
+            completion = check_completion(self.model, self.served_name, body, self.capacity - self.in_flight)
+            self.check_fits(completion)
+        except APIError as e:
+            return error_response(e)
+        except MinigptError as e:  # a check that is not the API's own (the tokenizer's)
+            return error_response(APIError(str(e)))
+        updates: asyncio.Queue[Update] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def deliver(update: Update) -> None:  # from the engine thread
+            loop.call_soon_threadsafe(self.arrived, updates, update)
+
+        tickets = [Ticket(i, r, completion.prompt_logprobs, deliver) for i, r in enumerate(completion.choices())]
+        self.in_flight += len(tickets)
+        self.engine_thread.submit(tickets)
+        identity = f"cmpl-{uuid.uuid4().hex}"
+        if completion.stream:
+            return StreamingResponse(self.events(identity, completion, tickets, updates),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await self.whole(request, identity, completion, tickets, updates)
+
+    def check_fits(self, completion: Completion) -> None:
+        """Refuse a prompt that could never fit in the page pool (400)."""
+        try:
+            self.engine.check_fits(completion.requests)
+        except InputError as e:
+            raise APIError(str(e), "prompt", "context_length_exceeded") from None
+
+    def arrived(self, updates: asyncio.Queue, update: Update) -> None:
+        """On the event loop: an Update from the engine thread."""
+        if update.final:
+            self.in_flight -= 1
+        updates.put_nowait(update)
+
+    async def whole(self, request: HTTPRequest, identity: str, completion: Completion, tickets: list[Ticket],
+                    updates: asyncio.Queue) -> Response:
+        """Wait for every choice, then answer at once; a client that leaves first cancels them."""
+        results: dict[int, GenerationResult] = {}
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            while len(results) < len(tickets):
+                got = asyncio.ensure_future(updates.get())
+                await asyncio.wait([got, gone], return_when=asyncio.FIRST_COMPLETED)
+                if not got.done():
+                    got.cancel()
+                    self.engine_thread.cancel(tickets)
+                    return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+                update = got.result()
+                if update.error is not None:
+                    self.engine_thread.cancel(tickets)
+                    return error_response(APIError(update.error, None, "internal_error", 500, "server_error"))
+                if update.final:
+                    results[update.index] = update.result
+        finally:
+            gone.cancel()
+        ordered = [results[i] for i in range(len(tickets))]
+        tokenizer = self.model.tokenizer
+        body = envelope(identity, self.served_name, [choice_json(tokenizer, completion, i, r)
+                                                     for i, r in enumerate(ordered)])
+        body["usage"] = usage_json(completion, ordered)
+        return JSONResponse(body)
+
+    async def events(self, identity: str, completion: Completion, tickets: list[Ticket], updates: asyncio.Queue):
+        """Server-sent events: a chunk per choice as its tokens are released, then the usage (if asked)
+        and [DONE]. Starlette cancels this when the client leaves: its choices are cancelled then."""
+        streams = [ChoiceStream(self.model.tokenizer, completion, i) for i in range(len(tickets))]
+        results: dict[int, GenerationResult] = {}
+        echoed: set[int] = set()
+        created = envelope(identity, self.served_name, [])["created"]
+
+        def event(choices: list[dict], **extra) -> str:
+            chunk = {**envelope(identity, self.served_name, choices, created), **extra}
+            if completion.include_usage and "usage" not in extra:
+                chunk["usage"] = None
+            return f"data: {json.dumps(chunk)}\n\n"
+
+        try:
+            while len(results) < len(tickets):
+                update = await updates.get()
+                if update.error is not None:
+                    self.engine_thread.cancel(tickets)
+                    yield f"data: {json.dumps(APIError(update.error, None, 'internal_error', 500).body())}\n\n"
+                    break
+                stream = streams[update.index]
+                if completion.echo and update.index not in echoed:  # its first Update carries the prompt's scores
+                    echoed.add(update.index)
+                    yield event([stream.echo(update.result)])
+                if update.records or update.final:
+                    yield event([stream.chunk(update.records, update.result if update.final else None)])
+                if update.final:
+                    results[update.index] = update.result
+            else:
+                if completion.include_usage:
+                    yield event([], usage=usage_json(completion, [results[i] for i in range(len(tickets))]))
+            yield "data: [DONE]\n\n"
+        finally:
+            if len(results) < len(tickets):
+                self.engine_thread.cancel(tickets)
+
+
+async def disconnected(request: HTTPRequest) -> None:
+    """Returns when the client has gone (the body already read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def read_body(request: HTTPRequest) -> bytes:
+    """The body, refused (413) as soon as it passes MAX_BODY_BYTES, whatever Content-Length says."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large()
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise too_large()
+    except ClientDisconnect:
+        raise APIError("the client left before sending the whole body") from None
+    return bytes(body)
+
+
+def too_large() -> APIError:
+    return APIError(f"the body is larger than {MAX_BODY_BYTES:,} bytes", None, "body_too_large", 413)
+
+
+def error_response(error: APIError) -> Response:
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if error.status == 429 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def check_ids_field(tokens, vocab_size: int) -> list[int]:
+    """A JSON list of token ids, checked by the library (check_ids)."""
+    if not isinstance(tokens, list):
+        raise InputError("must be a list of token ids")
+    return check_ids(tokens, vocab_size).tolist()
+
+
+# ------------------------------------------------------------------------------- running
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, saying where it listens once it does (its signal handlers in place by then),
+    and ending normally (exit status 0) on SIGINT or SIGTERM: uvicorn would raise the signal again
+    once it has shut down."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        with super().capture_signals():
+            yield
+            self._captured_signals.clear()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for sock in sockets or []:
+            host, port = sock.getsockname()[:2]
+            print(f"minigpt serve: listening on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0: any free port), bound before the model's first request."""
+    try:
+        return socket.create_server((host, port))
+    except OSError as e:
+        raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def server(service: Service) -> Server:
+    """A uvicorn server for the service's app, quiet but for warnings and errors (no access log)."""
+    config = uvicorn.Config(service.app(), log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
+    return Server(config)
+
+
+def serve(service: Service, sock: socket.socket) -> None:
+    """Serve on `sock` until SIGINT or SIGTERM: then stop accepting, give running requests
+    SHUTDOWN_GRACE_SECONDS to finish, cancel the rest and return."""
+    server(service).run(sockets=[sock])
