@@ -13,9 +13,13 @@ build and thread count, as FFTW keeps its wisdom. MINIGPT_TUNING=off ignores a k
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+import stat
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 
@@ -89,25 +93,86 @@ def kept_path() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minigpt" / "tuning.json"
 
 
+KEPT_BYTES = 2**20  # a file of kept choices is far smaller: anything larger is not one
+FIELDS = tuple(Tuning.__dataclass_fields__)
+
+
+def read_kept(path: Path) -> dict[str, dict]:
+    """The kept choices in `path`, machine key -> fields; {} if there is no file. Anything but a
+    regular file of at most KEPT_BYTES holding a JSON object of objects, without duplicate keys,
+    raises ValueError saying why (a FIFO is not waited on, a device is not read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return {}
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = f.read(KEPT_BYTES + 1)
+    if len(data) > KEPT_BYTES:
+        raise ValueError(f"larger than {KEPT_BYTES} bytes")
+
+    def unique(pairs):
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) < len(keys):
+            raise ValueError("a key appears twice")
+        return dict(pairs)
+    try:
+        kept = json.loads(data, object_pairs_hook=unique)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if not isinstance(kept, dict) or not all(isinstance(v, dict) for v in kept.values()):
+        raise ValueError("not a JSON object of objects")
+    return kept
+
+
+def checked(fields: dict) -> Tuning:
+    """A kept entry as a Tuning: exactly its fields, each a whole number from 1 to NEVER."""
+    if set(fields) != set(FIELDS):
+        raise ValueError(f"its fields are not {', '.join(FIELDS)}")
+    for name, value in fields.items():
+        if type(value) is not int or not 1 <= value <= NEVER:
+            raise ValueError(f"{name} is not a whole number from 1 to {NEVER}")
+    return Tuning(**fields)
+
+
 @cache
 def current() -> Tuning:
-    """The tuning in force: the kept choice for this machine, else the machine's default."""
+    """The tuning in force: the kept choice for this machine, else the machine's default. A file
+    that cannot be a file of kept choices is ignored, with one line on stderr naming it."""
     if os.environ.get("MINIGPT_TUNING", "").lower() != "off":
+        path = kept_path()
         try:
-            return Tuning(**json.loads(kept_path().read_text())[key()])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # none kept, or unreadable: the default
+            entry = read_kept(path).get(key())
+            if entry is not None:
+                return checked(entry)
+        except (OSError, ValueError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            print(f"minigpt: ignoring the kept tuning in {path} ({reason}); using the defaults", file=sys.stderr)
     return machine_default()
 
 
 def keep(tuning: Tuning) -> Path:
-    """Keep a measured choice for this machine (other machines' choices in the file stay)."""
+    """Keep a measured choice for this machine. Other machines' choices in the file stay; a file
+    that cannot be read as one is replaced. The write is atomic (a new file renamed over the old)
+    and made under a lock, so readers never see half a file and concurrent keeps lose no entry."""
     path = kept_path()
-    try:
-        kept = json.loads(path.read_text())
-    except (OSError, ValueError):
-        kept = {}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**kept, key(): asdict(tuning)}, indent=1) + "\n")
+    with open(path.parent / (path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            kept = read_kept(path)
+        except (OSError, ValueError):
+            kept = {}
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps({**kept, key(): asdict(tuning)}, indent=1) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
     current.cache_clear()
     return path
