@@ -51,6 +51,11 @@ class DrafterError(InputError):
     """A speculative drafter (`speculate=` an object of one's own) returned what its contract forbids."""
 
 
+class EngineBusyError(MinigptError):
+    """An Engine driven from a second thread, or from inside one of its own calls (an on_step, or the
+    loop over its results): one engine is driven from one thread at a time."""
+
+
 class NumericalError(MinigptError):
     """The forward's activations stopped being finite: finite weights too large for float32 overflowed."""
 

@@ -106,3 +106,60 @@ def test_a_call_gets_the_results_of_its_own_requests_only(model):
     assert [r.prompt_ids for r in got] == [b]
     assert got[0].tokens == minigpt.generate(model, b, 12, stop_at_eos=False).tokens
     assert other.seq.done and other.result().tokens == minigpt.generate(model, a, 30, stop_at_eos=False).tokens
+
+
+def test_a_request_that_can_never_fit_is_refused_at_submit_and_later_calls_still_run(model):
+    engine = minigpt.Engine(model, kv_cache_tokens=32)  # 2 pages
+    with pytest.raises(InputError, match="kv_cache_tokens"):
+        engine.submit(make_request(model, list(range(40)), 1))
+    assert engine.generate([[1, 2]], 2)[0].tokens == minigpt.generate(model, [1, 2], 2).tokens
+
+
+def test_a_second_thread_driving_an_engine_gets_engine_busy_and_the_first_gets_its_results(model):
+    import threading
+
+    engine, started, ready, job_results = minigpt.Engine(model), threading.Event(), threading.Event(), []
+
+    def on_step(tokens):  # the first thread waits here, mid-run, while the test's thread tries to drive
+        started.set()
+        ready.wait(5)
+
+    runner = threading.Thread(target=lambda: job_results.extend(
+        r for _, r in engine.results([make_request(model, PREFIX, 5, stop_at_eos=False)], [False], on_step)))
+    runner.start()
+    assert started.wait(5)
+    for call in (lambda: engine.generate([[1, 2]], 2), engine.step, lambda: list(engine.run())):
+        with pytest.raises(minigpt.errors.EngineBusyError, match="another thread"):
+            call()
+    ready.set()
+    runner.join(10)
+    expected = minigpt.generate(model, PREFIX, 5, stop_at_eos=False)
+    assert [r.tokens for r in job_results] == [expected.tokens] and job_results[0].logprobs == expected.logprobs
+    assert engine.generate([[1, 2]], 2)[0].tokens == minigpt.generate(model, [1, 2], 2).tokens  # free again
+
+
+def test_a_call_from_inside_an_engine_s_own_run_gets_engine_busy(model):
+    engine = minigpt.Engine(model)
+    request = make_request(model, [1, 2, 3], 3, stop_at_eos=False)
+    with pytest.raises(minigpt.errors.EngineBusyError, match="inside its own run"):
+        list(engine.results([request], [False], on_step=lambda tokens: engine.generate([[4, 5]], 1)))
+    for _, result in engine.results([request], [False]):
+        for call in (lambda: engine.generate([[4, 5]], 1), engine.step):
+            with pytest.raises(minigpt.errors.EngineBusyError, match="inside its own run"):
+                call()
+    assert engine.generate([[1, 2]], 2)[0].tokens == minigpt.generate(model, [1, 2], 2).tokens
+
+
+def test_a_job_cancelled_before_its_end_finishes_with_reason_abort(model):
+    engine = minigpt.Engine(model)
+    job = engine.submit(make_request(model, [1, 2, 3], 50, stop_at_eos=False))
+    engine.step()
+    engine.cancel(job)
+    finished, _ = engine.step()
+    assert finished == [job] and job.result().finish_reason == "abort" and len(job.result().tokens) == 1
+
+
+def test_the_weights_are_read_only_so_cached_pages_cannot_go_stale(model):
+    for array in (model.params.wte, model.params.wpe, model.params.h[0].attn.c_attn.weight, model.params.ln_f.bias):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 1.0

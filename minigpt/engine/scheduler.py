@@ -71,8 +71,9 @@ class Job:
         logprobs = [None if s is None else s[0] for s in self.scores] if self.prompt_logprobs else None
         top = ([None if s is None else s[1] for s in self.scores]
                if self.prompt_logprobs and self.seq.request.top_logprobs else None)
-        return dataclasses.replace(self.seq.result(use_cache=True), cached_tokens=self.cached_tokens,
-                                   prompt_logprobs=logprobs, prompt_top_logprobs=top)
+        result = self.seq.result(use_cache=True)  # a job cancelled before its end: finish reason "abort", as vLLM's
+        return dataclasses.replace(result, finish_reason=result.finish_reason or "abort",
+                                   cached_tokens=self.cached_tokens, prompt_logprobs=logprobs, prompt_top_logprobs=top)
 
 
 class Scheduler:

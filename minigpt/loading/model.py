@@ -8,6 +8,7 @@ where it began (tracing.first_non_finite).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import reprlib
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class Model(GPT2):
 
     def __post_init__(self) -> None:
         check_parts(self.params, self.config, self.kernels)  # weights of another config: refused at once
+        read_only(self.params)  # pages computed from them stay true: the weights cannot change under them
 
     @cached_property
     def tokenizer(self) -> Encoding | None:
@@ -102,6 +104,17 @@ class Model(GPT2):
             raise InputError(f"capacity must be at most the model's context of {self.config.n_positions} positions "
                              f"(n_positions), got {shown(capacity)}")
         return new_cache(self.config, capacity)
+
+
+def read_only(part) -> None:
+    """Make every weight array under a params dataclass read-only (in place)."""
+    for f in dataclasses.fields(part):
+        value = getattr(part, f.name)
+        for item in value if isinstance(value, tuple) else (value,):
+            if isinstance(item, np.ndarray):
+                item.flags.writeable = False
+            else:
+                read_only(item)
 
 
 def overflow(gpt: GPT2, error: NumericalError, ids, cache: KVCache | None = None) -> NumericalError:

@@ -66,7 +66,7 @@ class GenerationResult:
     step_seconds: list[float]  # wall time of the step that produced each token (the first includes the prefill)
     logprobs: list[float]  # log P(token | everything before it) under the model's raw distribution
     top_logprobs: list[list[tuple[int, float]]] | None  # per token, the N most likely (id, logprob); None: not asked
-    finish_reason: str  # "eos", "length" or "stop"
+    finish_reason: str  # "eos", "length" or "stop"; "abort" for an engine's job cancelled before its end
     use_cache: bool  # the cached loop (every loop but generate's naive one)
     preemptions: int = 0  # times the engine's scheduler took its cache away (minigpt.engine.scheduler)
     drafted: int = 0  # tokens proposed by a speculative drafter (minigpt.engine.speculative)

@@ -5,6 +5,8 @@ minigpt.engine.speculative, minigpt.engine.scheduler) and minigpt.scripted.scori
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Callable, Iterator, TypeVar
 
 import numpy as np
@@ -13,11 +15,11 @@ from ..exact import causal_proof
 from . import scoring
 from ..loading.checks import (check_ids, check_sampling, check_speculation, check_stop, check_stride, prepare_prompt,
                      with_truncate_hint)
-from ..errors import InputError, MinigptError, NumericalError, check_bool, check_int, shown
+from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int, shown
 from ..loop.loops import cached_steps, naive_steps
 from ..gpt2.forward import GPT2
 from ..loading.model import Model, check_model, overflow
-from ..engine.scheduler import Scheduler
+from ..engine.scheduler import Job, Scheduler
 from ..engine.paging import PAGE, PagePool, pages_for
 from ..loop.sampling import MAX_TOP_LOGPROBS
 from ..loop.sequence import GenerationResult, Request, Sequence, StreamedToken
@@ -194,6 +196,59 @@ class Engine(Scheduler):
             raise InputError(f"cannot reserve memory for keys and values of {tokens} positions ({e}): lower "
                              "kv_cache_tokens or max_batch_size") from None
         super().__init__(model, pool, max_batch_size, check_bool(prefix_cache, "prefix_cache"))
+        self._lock = threading.Lock()  # guards the two fields below
+        self._driver: int | None = None  # the thread in a step, or in a run or results it started
+        self._outside = False  # that thread runs the caller's code: an on_step, or the loop over results
+
+    @contextlib.contextmanager
+    def _driving(self, within_run: bool = False) -> Iterator[None]:
+        """Hold the engine for this thread: EngineBusyError if another thread holds it, or if this
+        one is inside a call of its own (within_run: a run's own steps, which may)."""
+        me = threading.get_ident()
+        with self._lock:
+            mine = within_run and self._driver == me and not self._outside
+            if not mine and self._driver is not None:
+                where = "inside its own run (an on_step, or a loop over its results)" if self._driver == me \
+                    else "by another thread"
+                raise EngineBusyError(f"this Engine is being driven {where}: one engine is driven from one "
+                                      "thread at a time, one call after another (use one Engine per thread)")
+            self._driver = me
+        try:
+            yield
+        finally:
+            if not mine:
+                with self._lock:
+                    self._driver = None
+
+    @contextlib.contextmanager
+    def _outside_call(self) -> Iterator[None]:
+        """The caller's code runs now: a step from it would be nested."""
+        self._outside = True
+        try:
+            yield
+        finally:
+            self._outside = False
+
+    def submit(self, request: Request, index: int = 0, prompt_logprobs: bool = False) -> Job:
+        """Scheduler.submit (from any thread), after refusing a request that could never fit in the pool:
+        queued, it would wait for pages forever."""
+        self.check_fits([request])
+        return super().submit(request, index, prompt_logprobs)
+
+    def step(self) -> tuple[list[Job], int]:
+        """Scheduler.step, by one thread at a time."""
+        with self._driving(within_run=True):
+            return super().step()
+
+    def run(self, on_step: Callable[[int], None] | None = None) -> Iterator[Job]:
+        """Scheduler.run, holding the engine for this thread until it ends."""
+        with self._driving(within_run=True):
+            def called(tokens: int) -> None:
+                with self._outside_call():
+                    on_step(tokens)
+            for job in super().run(None if on_step is None else called):
+                with self._outside_call():
+                    yield job
 
     def generate(self, prompts, max_new_tokens=40, *, temperature=0.0, top_k=None, top_p=None, seed=None,
                  stop_at_eos: bool = True, stop=None, top_logprobs: int | None = None,
@@ -219,13 +274,14 @@ class Engine(Scheduler):
         """Run checked requests to the end: (index, result) as each of them finishes; on_step(new
         tokens) after every step. Requests submitted otherwise run alongside, to their end, but are
         not among the results. A request that could never fit in the pool is refused before any work."""
-        self.check_fits(requests)
-        jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
-        mine = set(jobs)
-        unfinished = lambda: next((j for j in jobs if not j.seq.done), jobs[0]).seq.ids  # noqa: E731
-        for job in named_overflow(self.gpt, self.run(on_step), unfinished):
-            if job in mine:
-                yield job.index, job.result()
+        with self._driving():
+            self.check_fits(requests)
+            jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
+            mine = set(jobs)
+            unfinished = lambda: next((j for j in jobs if not j.seq.done), jobs[0]).seq.ids  # noqa: E731
+            for job in named_overflow(self.gpt, self.run(on_step), unfinished):
+                if job in mine:
+                    yield job.index, job.result()
 
     def check_fits(self, requests: list[Request]) -> None:
         """InputError naming the first request that could never fit in the pool ("prompt i: ...")."""
