@@ -341,7 +341,7 @@ def test_a_failed_step_still_answers_a_request_that_left_the_engine_at_its_start
     thread.stopping = True  # EngineThread.stop, with a bound on the wait
     thread.wake.set()
     thread.thread.join(30)
-    assert [u.final for u in updates["failing"]] == [True] and "injected fault" in updates["failing"][0].error
+    assert [u.final for u in updates["failing"]] == [True] and "injected fault" in str(updates["failing"][0].error)
     [answer] = updates["nothing to generate"]
     assert answer.final and answer.error is None and answer.result.tokens == []
     assert not thread.tickets and not thread.thread.is_alive()

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from ..scripted.api import Engine
 from ..errors import MinigptError
-from .common import add_model_options, checked, load_model, non_negative_int, positive_int
+from ..gpt2.config import GPT2Config
+from .common import UsageError, add_model_options, checked, load_model, non_negative_int, positive_int
 
 DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE = 16, 256
 port = checked(int, lambda v: 0 <= v <= 65535, "in 0..65535")
+host = checked(str, lambda v: v.strip() != "", "an address (an empty one would listen on every interface)")
 
 
 def add_parser(sub) -> None:
@@ -24,8 +27,9 @@ def add_parser(sub) -> None:
                                    "the exact kernels every answer is bitwise what `generate` gives it alone "
                                    "(docs/serving.md). Needs the serve extra: pip install 'minigpt[serve]'.")
     add_model_options(p)
-    p.add_argument("--host", default="127.0.0.1",
-                   help="the address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--host", type=host, default="127.0.0.1",
+                   help="the address to listen on, IPv4, IPv6 (::1) or a name (default 127.0.0.1: this machine "
+                        "only); never empty, which would listen on every interface")
     p.add_argument("--port", type=port, default=8000, help="the port (default 8000; 0: any free port)")
     p.add_argument("--max-batch-size", type=positive_int, default=DEFAULT_MAX_BATCH_SIZE, metavar="B",
                    help=f"decode at most B sequences together (default {DEFAULT_MAX_BATCH_SIZE})")
@@ -38,6 +42,18 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def check_pool(config: GPT2Config, args: argparse.Namespace) -> None:
+    """Refuse a pool of keys and values larger than this machine's memory, naming the options."""
+    most = args.max_batch_size * config.n_positions
+    positions = most if args.kv_cache_tokens is None else min(args.kv_cache_tokens, most)
+    needed = positions * 2 * config.n_layer * config.n_embd * 4  # float32 keys and values, every layer
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if needed > memory:
+        raise UsageError(f"argument --max-batch-size/--kv-cache-tokens: a pool of {positions:,} positions needs "
+                         f"{needed / 2**30:,.1f} GiB of keys and values, more than this machine's "
+                         f"{memory / 2**30:,.1f} GiB: lower --max-batch-size or --kv-cache-tokens")
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         from ..scripted import serve
@@ -47,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     sock = serve.bind(args.host, args.port)  # before loading: a port in use fails at once
     with sock:
         model = load_model(args)
+        if model.tokenizer_loader is not None:
+            model.tokenizer  # GPT-2's tables read now: broken ones stop the server here, not its requests
+        check_pool(model.config, args)
         engine = Engine(model, max_batch_size=args.max_batch_size, kv_cache_tokens=args.kv_cache_tokens)
         logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
         serve.serve(serve.Service(model, engine, args.served_model_name or args.model, args.max_queue), sock)

@@ -103,12 +103,16 @@ class Scheduler:
                 "pages_free": int(pool.free.sum()), "cached_token_hits": self.cached_token_hits,
                 "evictions": pool.evictions, "preemptions": self.preemptions}
 
+    def pending(self) -> bool:
+        """Jobs are submitted, waiting or running: a step has work (if only to let cancelled ones leave)."""
+        return bool(self.inbox or self.waiting or self.running)
+
     def run(self, on_step: Callable[[int], None] | None = None) -> Iterator[Job]:
         """Step until every submitted request has finished, yielding each as it finishes; on_step(new
         tokens) after every step. However it ends (an error, Ctrl-C, the caller stopping early),
         every unfinished request is cancelled and its pages are back in the pool."""
         try:
-            while self.inbox or self.waiting or self.running:
+            while self.pending():
                 finished, produced = self.step()
                 if on_step is not None and produced:
                     on_step(produced)

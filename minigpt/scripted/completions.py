@@ -10,6 +10,7 @@ that seed alone (docs/serving.md).
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import re
@@ -27,6 +28,7 @@ from ..loading.tokenizer import encode, token_text
 DEFAULT_MAX_TOKENS = 16  # OpenAI's
 MAX_LOGPROBS = 20  # OpenAI's bound on `logprobs`
 MAX_N = 128  # OpenAI's bound on `n`
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 32, 1000  # stop strings are matched at every token: bounded, as OpenAI bounds them
 FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop", "logprobs", "echo",
           "stream", "stream_options", "ignore_eos", "user",
           "suffix", "best_of", "logit_bias", "presence_penalty", "frequency_penalty")  # the last five: only if inert
@@ -60,6 +62,7 @@ class Completion:
     logprobs: int | None  # None: no logprobs; 0: the chosen tokens' only; N: and the N most likely
     stream: bool
     include_usage: bool
+    empty: list[bool]  # per prompt: it was empty, so it starts from <|endoftext|>, which echo does not show
 
     @property
     def prompt_logprobs(self) -> bool:
@@ -74,26 +77,46 @@ class Completion:
 
 
 def parse_json(body: bytes) -> dict:
-    """The body as a JSON object, or an APIError saying why not."""
+    """The body as a JSON object, or an APIError saying why not: it must be UTF-8 (not another
+    encoding JSON allows), hold no key twice in an object (which one would count?), and no lone
+    surrogate (an escape such as \\ud800 that is no Unicode text)."""
     try:
-        value = json.loads(body)
-    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deeply
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(f"the body is not UTF-8: {e}") from None
+    try:
+        value = json.loads(text, object_pairs_hook=unique_keys)
+    except (ValueError, RecursionError) as e:  # not JSON, a key twice, nested too deeply
         raise APIError(f"the body is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise APIError(f"the body must be a JSON object, got {type(value).__name__}")
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError("the body holds a lone surrogate (an escape such as \\ud800 that is no Unicode text)") from None
     return value
 
 
-def check_completion(model: Model, served_name: str, body: dict, room: int) -> Completion:
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict; a key given twice is refused."""
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        key = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+        raise ValueError(f"the key {json.dumps(key)} appears twice in one object")
+    return value
+
+
+def check_completion(model: Model, served_name: str, body: dict, capacity: int) -> Completion:
     """A completions body checked before any work (APIError naming the field), with OpenAI's defaults:
     max_tokens 16, temperature 1, n 1, and a seed drawn from the system's randomness when none is given.
-    More choices than `room` (what the server can take now) is a 429, before a Request is made."""
+    More choices than `capacity` (what the server can ever hold in flight) is a 400, counted before any
+    prompt is encoded."""
     unknown = [key for key in body if key not in FIELDS]
     if unknown:
         raise APIError(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
     check_model_name(body.get("model"), served_name)
-    check_unsupported(body)
     n = option(body, "n", 1, lambda v: check_int(v, "n", 1) <= MAX_N, f"an integer in 1..{MAX_N}")
+    check_unsupported(body, n)
     logprobs = option(body, "logprobs", None, lambda v: 0 <= check_int(v, "logprobs", 0) <= MAX_LOGPROBS,
                       f"an integer in 0..{MAX_LOGPROBS}")
     echo, stream, ignore_eos = (option(body, name, False, lambda v: isinstance(v, bool), "true or false")
@@ -103,15 +126,16 @@ def check_completion(model: Model, served_name: str, body: dict, room: int) -> C
     seed = body.get("seed")
     if seed is None:
         seed = secrets.randbits(63)  # OpenAI samples at random without a seed: so does the server
-    stop = body.get("stop")
-    prompts = prompt_ids(model, body.get("prompt"))
-    if len(prompts) * n > room:
-        raise APIError(f"the server is busy: {len(prompts) * n} choices asked for, room for {max(room, 0)} now "
-                       "(--max-batch-size + --max-queue in flight); retry later", None, "queue_full", 429,
-                       "rate_limit_error")
+    stop = check_stop_field(body.get("stop"))
+    choices = prompt_count(body.get("prompt")) * n
+    if choices > capacity:
+        raise APIError(f"{choices} choices asked for, and this server holds at most {capacity} in flight "
+                       "(--max-batch-size + --max-queue): send fewer prompts or a smaller n", "n",
+                       "too_many_choices")
+    prompts = prompt_ids(model, body["prompt"])
     options = dict(temperature=1.0 if body.get("temperature") is None else body["temperature"],
                    top_k=body.get("top_k"), top_p=body.get("top_p"), seed=seed, stop_at_eos=not ignore_eos,
-                   stop=[stop] if isinstance(stop, str) else stop or None, top_logprobs=logprobs or 0)
+                   stop=stop, top_logprobs=logprobs or 0)
     max_tokens = DEFAULT_MAX_TOKENS if body.get("max_tokens") is None else body["max_tokens"]
     requests = []
     for i, ids in enumerate(prompts):
@@ -119,7 +143,8 @@ def check_completion(model: Model, served_name: str, body: dict, room: int) -> C
             requests.append(make_request(model, ids, max_tokens, **options))
         except MinigptError as e:
             raise library_error(e, f"prompt {i}: " if len(prompts) > 1 else "") from None
-    return Completion(requests, n, requests[0].sampling.seed, echo, logprobs, stream, include_usage)
+    empty = [not ids for ids in prompts]  # started from <|endoftext|>, which echo does not show
+    return Completion(requests, n, requests[0].sampling.seed, echo, logprobs, stream, include_usage, empty)
 
 
 def option(body: dict, name: str, default, ok, requirement: str):
@@ -142,15 +167,32 @@ def check_model_name(name, served_name: str) -> None:
                        "model_not_found", 404)
 
 
-def check_unsupported(body: dict) -> None:
-    """400 naming the first field set to something minigpt does not do (each accepted when inert)."""
-    inert = {"suffix": lambda v: v is None, "logit_bias": lambda v: not v,
-             "best_of": lambda v: v is None or v == body.get("n", 1),
-             "presence_penalty": lambda v: v is None or v == 0, "frequency_penalty": lambda v: v is None or v == 0}
+def check_unsupported(body: dict, n: int) -> None:
+    """400 naming the first field set to something minigpt does not do (each accepted when inert:
+    null, or the value that changes nothing, of the type OpenAI's API gives it)."""
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    inert = {"suffix": lambda v: v is None, "logit_bias": lambda v: v is None or v == {} and isinstance(v, dict),
+             "best_of": lambda v: v is None or type(v) is int and v == n,
+             "presence_penalty": lambda v: v is None or number(v) and v == 0,
+             "frequency_penalty": lambda v: v is None or number(v) and v == 0}
     for name, ok in inert.items():
         if name in body and not ok(body[name]):
             raise APIError(f"{name} is not supported by this server (got {json.dumps(body[name])[:80]})", name,
                            "unsupported_parameter")
+
+
+def check_stop_field(stop) -> list[str] | None:
+    """`stop`: null, a string or a list of at most MAX_STOP_STRINGS strings of at most MAX_STOP_CHARS
+    characters each (the library checks that none is empty)."""
+    if stop is None:
+        return None
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise APIError(f"stop must be a string or a list of strings, got {json.dumps(stop)[:80]}", "stop")
+    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise APIError(f"stop takes at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters "
+                       f"each, got {len(stops)} (the longest {max(map(len, stops), default=0)})", "stop")
+    return stops or None
 
 
 def check_stream_options(stream_options, stream: bool) -> bool:
@@ -166,20 +208,27 @@ def check_stream_options(stream_options, stream: bool) -> bool:
     return stream_options.get("include_usage", False)
 
 
-def prompt_ids(model: Model, prompt) -> list:
-    """The prompts as token-id lists (ids themselves are checked by make_request): a string, a list
-    of strings, a list of ids, or a list of id lists."""
-    if isinstance(prompt, str):
-        return [encode_text(model, prompt)]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return [encode_text(model, p) for p in prompt]
-        if all(isinstance(p, int) for p in prompt):
-            return [prompt]
-        if all(isinstance(p, list) for p in prompt):
-            return prompt
+def prompt_count(prompt) -> int:
+    """How many prompts `prompt` holds: a string or a list of ids is one; a list of strings or of
+    id lists, one each (APIError for anything else)."""
+    if isinstance(prompt, str) or isinstance(prompt, list) and prompt and all(
+            isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        return 1
+    if isinstance(prompt, list) and prompt and (all(isinstance(p, str) for p in prompt)
+                                                or all(isinstance(p, list) for p in prompt)):
+        return len(prompt)
     raise APIError("prompt must be a string, a list of strings, a list of token ids or a list of token-id lists, "
                    f"got {json.dumps(prompt)[:80]}", "prompt")
+
+
+def prompt_ids(model: Model, prompt) -> list:
+    """The prompts (already counted by prompt_count) as token-id lists; ids themselves are checked by
+    make_request."""
+    if isinstance(prompt, str):
+        return [encode_text(model, prompt)]
+    if isinstance(prompt[0], str):
+        return [encode_text(model, p) for p in prompt]
+    return prompt if isinstance(prompt[0], list) else [prompt]
 
 
 def encode_text(model: Model, text: str) -> list[int]:
@@ -207,18 +256,30 @@ def finish_reason(result: GenerationResult) -> str:
     return FINISH_REASONS[result.finish_reason]
 
 
-def logprobs_json(tokenizer, tokens: list[int], logprobs: list, top: list | None, offset: int) -> dict:
-    """OpenAI's logprobs object for these tokens; text_offset counts characters from `offset`.
+def logprobs_json(tokenizer, tokens: list[int], logprobs: list, top: list | None, offsets: list[int]) -> dict:
+    """OpenAI's logprobs object for these tokens at these text offsets (TextOffsets).
     top: per token, the N most likely (id, logprob), or None for a position that has none."""
-    texts = [token_text(tokenizer, t) for t in tokens]
-    offsets = []
-    for text in texts:
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": texts, "token_logprobs": logprobs,
+    return {"tokens": [token_text(tokenizer, t) for t in tokens], "token_logprobs": logprobs,
             "top_logprobs": None if top is None else [None if step is None else top_dict(tokenizer, step)
                                                       for step in top],
             "text_offset": offsets}
+
+
+class TextOffsets:
+    """Where each token begins in the text: the characters decoded from the tokens before it, so a
+    token that ends inside a character begins where that character does, and the next one after it
+    (as vLLM counts them from its incremental detokenizer)."""
+
+    def __init__(self, tokenizer, start: int = 0):
+        self.tokenizer, self.chars = tokenizer, start
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def of(self, tokens: list[int]) -> list[int]:
+        offsets = []
+        for token in tokens:
+            offsets.append(self.chars)
+            self.chars += len(self.decoder.decode(self.tokenizer.decode_single_token_bytes(token)))
+        return offsets
 
 
 def top_dict(tokenizer, step: list[tuple[int, float]]) -> dict[str, float]:
@@ -230,21 +291,29 @@ def top_dict(tokenizer, step: list[tuple[int, float]]) -> dict[str, float]:
     return top
 
 
-def prompt_part(tokenizer, completion: Completion, result: GenerationResult) -> tuple[str, dict | None]:
-    """What echo puts first: the prompt's text and, with logprobs, its tokens' (the first null)."""
-    text = tokenizer.decode(result.prompt_ids)
+def prompt_part(tokenizer, completion: Completion, index: int, result: GenerationResult,
+                offsets: TextOffsets) -> tuple[str, dict | None]:
+    """What echo puts first: the prompt's text and, with logprobs, its tokens' (the first null). A
+    prompt sent empty echoes nothing: the <|endoftext|> it started from is not its text."""
+    empty = completion.empty[index // completion.n]
+    ids = [] if empty else list(result.prompt_ids)
+    text = tokenizer.decode(ids)
     if completion.logprobs is None:
+        offsets.of(ids)
         return text, None
     top = result.prompt_top_logprobs if completion.logprobs else None
-    return text, logprobs_json(tokenizer, result.prompt_ids, result.prompt_logprobs, top, 0)
+    scored = slice(len(result.prompt_ids) - len(ids), None)
+    return text, logprobs_json(tokenizer, ids, result.prompt_logprobs[scored],
+                               None if top is None else top[scored], offsets.of(ids))
 
 
 def choice_json(tokenizer, completion: Completion, index: int, result: GenerationResult) -> dict:
     """One choice of a whole answer."""
-    text, logprobs = prompt_part(tokenizer, completion, result) if completion.echo else ("", None)
+    offsets = TextOffsets(tokenizer)
+    text, logprobs = prompt_part(tokenizer, completion, index, result, offsets) if completion.echo else ("", None)
     if completion.logprobs is not None:
         top = result.top_logprobs if completion.logprobs else None
-        new = logprobs_json(tokenizer, result.tokens, result.logprobs, top, len(text))
+        new = logprobs_json(tokenizer, result.tokens, result.logprobs, top, offsets.of(result.tokens))
         logprobs = new if logprobs is None else {key: joined(logprobs[key], new[key]) for key in new}
     return {"index": index, "text": text + result.text, "logprobs": logprobs,
             "finish_reason": finish_reason(result)}
@@ -275,12 +344,11 @@ class ChoiceStream:
 
     def __init__(self, tokenizer, completion: Completion, index: int):
         self.tokenizer, self.completion, self.index = tokenizer, completion, index
-        self.offset = 0
+        self.offsets = TextOffsets(tokenizer)
 
     def echo(self, result: GenerationResult) -> dict:
         """The first chunk of an echo: the prompt's text and, with logprobs, its tokens' (once scored)."""
-        text, logprobs = prompt_part(self.tokenizer, self.completion, result)
-        self.offset = len(text)
+        text, logprobs = prompt_part(self.tokenizer, self.completion, self.index, result, self.offsets)
         return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": None}
 
     def chunk(self, records: list[StreamedToken], result: GenerationResult | None) -> dict:
@@ -289,7 +357,6 @@ class ChoiceStream:
         logprobs = None
         if self.completion.logprobs is not None:
             top = [r.top_logprobs for r in records] if self.completion.logprobs else None
-            logprobs = logprobs_json(self.tokenizer, tokens, [r.logprob for r in records], top, self.offset)
-        self.offset += sum(len(token_text(self.tokenizer, t)) for t in tokens)
+            logprobs = logprobs_json(self.tokenizer, tokens, [r.logprob for r in records], top, self.offsets.of(tokens))
         return {"index": self.index, "text": "".join(r.text for r in records), "logprobs": logprobs,
                 "finish_reason": None if result is None else finish_reason(result)}

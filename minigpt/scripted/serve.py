@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -45,7 +47,9 @@ from ..loading.tokenizer import token_text
 log = logging.getLogger("minigpt.scripted.serve")
 MAX_BODY_BYTES = 8 * 2**20  # a body beyond this is refused (413) before it is read in full
 RETRY_AFTER_SECONDS = 1
-SHUTDOWN_GRACE_SECONDS = 3  # on SIGINT/SIGTERM, running requests get this long to finish, then are cancelled
+SHUTDOWN_GRACE_SECONDS = 3  # on SIGINT/SIGTERM, running requests get this long to finish, then are answered 503
+HEADER_SECONDS = 10  # a connection's request line and headers must arrive within this of it opening or being idle
+BODY_SECONDS = 30  # and its body within this of its headers
 IDLE_POLL_SECONDS = 0.5  # an idle engine thread wakes this often to see whether it should stop
 
 
@@ -61,7 +65,7 @@ class Update:
     records: list[StreamedToken]
     result: GenerationResult | None = None
     final: bool = False
-    error: str | None = None
+    error: APIError | None = None
 
 
 @dataclass(eq=False)
@@ -87,6 +91,7 @@ class EngineThread:
         self.tickets: dict[Job, Ticket] = {}
         self.wake = threading.Event()
         self.stopping = False
+        self.aborted: APIError | None = None  # set: every choice in flight or coming ends with this error
         self.thread = threading.Thread(target=self.loop, name="minigpt-engine", daemon=True)
 
     def submit(self, tickets: list[Ticket]) -> None:
@@ -100,6 +105,11 @@ class EngineThread:
             ticket.cancelled = True
         self.wake.set()
 
+    def abort(self, error: APIError) -> None:
+        """End every choice in flight, and any handed over later, with `error` (any thread)."""
+        self.aborted = error
+        self.wake.set()
+
     def stop(self) -> None:
         """Cancel whatever is left, free its pages and end the thread."""
         self.stopping = True
@@ -111,9 +121,9 @@ class EngineThread:
             self.wake.clear()
             self.take_incoming()
             for ticket in self.tickets.values():
-                if ticket.cancelled or self.stopping:
+                if ticket.cancelled or self.stopping or self.aborted:
                     self.engine.cancel(ticket.job)
-            if not self.tickets and not self.incoming:
+            if not self.tickets and not self.incoming and not self.engine.pending():
                 if self.stopping:
                     return
                 self.wake.wait(IDLE_POLL_SECONDS)
@@ -135,7 +145,8 @@ class EngineThread:
             self.updates(finished)
         except Exception as e:  # a fault of minigpt's, never of the request: logged, and the loop goes on
             log.exception("an engine step failed; its requests are answered with a 500")
-            message = f"internal error in the engine step: {type(e).__name__}: {e}"
+            message = APIError(f"internal error in the engine step: {type(e).__name__}: {e}", None, "internal_error",
+                               500, "server_error")
             self.finish([job for job in self.tickets if job.finished])  # ended before the fault: answered
             ran = list(self.engine.running) or list(self.engine.waiting)  # those it ran, or tried to admit
             for job in [*finished, *ran]:
@@ -144,14 +155,17 @@ class EngineThread:
                     self.tickets.pop(job).deliver(Update(job.index, [], final=True, error=message))
 
     def finish(self, finished: list[Job]) -> None:
-        """Every finished choice its last Update: its result, or that it was cancelled."""
+        """Every finished choice its last Update: its result, or why it was cancelled before its end."""
         for job in finished:
             ticket = self.tickets.pop(job, None)
-            if ticket is not None and not ticket.cancelled:
-                ticket.deliver(Update(job.index, job.seq.streamed(ticket.sent), job.result(), final=True))
-            elif ticket is not None:
-                ticket.deliver(Update(job.index, [], final=True, error="cancelled: the client left or the server "
-                                                                       "is shutting down"))
+            if ticket is None:
+                continue
+            result = job.result()
+            if result.finish_reason != "abort":
+                ticket.deliver(Update(job.index, job.seq.streamed(ticket.sent), result, final=True))
+            else:  # nobody reads a client's that left; a shutdown's is answered
+                ticket.deliver(Update(job.index, [], final=True, error=self.aborted or APIError(
+                    "cancelled: the client left", None, "cancelled", 499)))
 
     def updates(self, finished: list[Job]) -> None:
         """Every finished choice its last Update; every running one that released tokens (or was just
@@ -180,6 +194,13 @@ class Service:
         self.engine_thread = EngineThread(engine)
         self.capacity = engine.max_batch_size + max_queue  # choices in flight: the running and the waiting
         self.in_flight = 0
+        self.draining = False  # shutting down: new completions are refused (503)
+
+    def shutting_down(self) -> None:
+        """Refuse new completions; after SHUTDOWN_GRACE_SECONDS end those still running with a 503 (a
+        whole answer) or an error event and [DONE] (a stream), so that every client hears why."""
+        self.draining = True
+        asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_SECONDS, self.engine_thread.abort, shutting_down())
 
     def app(self) -> Starlette:
         routes = [Route("/health", self.health), Route("/v1/models", self.models),
@@ -242,7 +263,7 @@ class Service:
             if not isinstance(body.get("prompt"), str):
                 raise APIError("prompt must be a string", "prompt")
             tokenizer = self.tokenizer()
-            ids = encode_text(self.model, body["prompt"])  # add_special_tokens or not: GPT-2 adds none
+            ids = await run_in_threadpool(encode_text, self.model, body["prompt"])  # GPT-2 adds no special tokens
             strs = [token_text(tokenizer, t) for t in ids] if body.get("return_token_strs") else None
             return JSONResponse({"count": len(ids), "max_model_len": self.model.config.n_positions, "tokens": ids,
                                  "token_strs": strs})
@@ -274,7 +295,7 @@ class Service:
     async def checked(self, request: HTTPRequest, answer) -> Response:
         """answer(body) for a JSON body within the size limit; any APIError as OpenAI's error body."""
         try:
-            return await answer(parse_json(await read_body(request)))
+            return await answer(await run_in_threadpool(parse_json, await read_body(request)))
         except APIError as e:
             return error_response(e)
 
@@ -282,13 +303,16 @@ class Service:
 
     async def completions(self, request: HTTPRequest) -> Response:
         try:
-            body = parse_json(await read_body(request))
-            completion = check_completion(self.model, self.served_name, body, self.capacity - self.in_flight)
-            self.check_fits(completion)
+            if self.draining:
+                raise shutting_down()
+            completion = await run_in_threadpool(self.prepare, await read_body(request))  # encoding takes time
+            choices = len(completion.requests) * completion.n
+            if choices > self.capacity - self.in_flight:
+                raise APIError(f"the server is busy: {choices} choices asked for, room for "
+                               f"{max(self.capacity - self.in_flight, 0)} now (--max-batch-size + --max-queue in "
+                               "flight); retry later", None, "queue_full", 429, "rate_limit_error")
         except APIError as e:
             return error_response(e)
-        except MinigptError as e:  # a check that is not the API's own (the tokenizer's)
-            return error_response(APIError(str(e)))
         updates: asyncio.Queue[Update] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
@@ -304,12 +328,20 @@ class Service:
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return await self.whole(request, identity, completion, tickets, updates)
 
-    def check_fits(self, completion: Completion) -> None:
-        """Refuse a prompt that could never fit in the page pool (400)."""
+    def prepare(self, body: bytes) -> Completion:
+        """A body parsed and checked into a Completion (run off the event loop), refusing a prompt that
+        could never fit in the page pool (400)."""
+        try:
+            completion = check_completion(self.model, self.served_name, parse_json(body), self.capacity)
+        except APIError:
+            raise
+        except MinigptError as e:  # a check that is not the API's own (the tokenizer's)
+            raise APIError(str(e)) from None
         try:
             self.engine.check_fits(completion.requests)
         except InputError as e:
             raise APIError(str(e), "prompt", "context_length_exceeded") from None
+        return completion
 
     def arrived(self, updates: asyncio.Queue, update: Update) -> None:
         """On the event loop: an Update from the engine thread."""
@@ -333,7 +365,7 @@ class Service:
                 update = got.result()
                 if update.error is not None:
                     self.engine_thread.cancel(tickets)
-                    return error_response(APIError(update.error, None, "internal_error", 500, "server_error"))
+                    return error_response(update.error)
                 if update.final:
                     results[update.index] = update.result
         finally:
@@ -364,7 +396,7 @@ class Service:
                 update = await updates.get()
                 if update.error is not None:
                     self.engine_thread.cancel(tickets)
-                    yield f"data: {json.dumps(APIError(update.error, None, 'internal_error', 500).body())}\n\n"
+                    yield f"data: {json.dumps(update.error.body())}\n\n"
                     break
                 stream = streams[update.index]
                 if completion.echo and update.index not in echoed:  # its first Update carries the prompt's scores
@@ -396,13 +428,20 @@ async def read_body(request: HTTPRequest) -> bytes:
         raise too_large()
     body = bytearray()
     try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_BODY_BYTES:
-                raise too_large()
+        async with asyncio.timeout(BODY_SECONDS):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise too_large()
     except ClientDisconnect:
         raise APIError("the client left before sending the whole body") from None
+    except TimeoutError:
+        raise APIError(f"the body did not arrive within {BODY_SECONDS} s", None, "request_timeout", 408) from None
     return bytes(body)
+
+
+def shutting_down() -> APIError:
+    return APIError("the server is shutting down", None, "shutting_down", 503, "server_error")
 
 
 def too_large() -> APIError:
@@ -424,10 +463,46 @@ def check_ids_field(tokens, vocab_size: int) -> list[int]:
 # ------------------------------------------------------------------------------- running
 
 
+class Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1, closing a connection whose request line and headers have not all arrived
+    HEADER_SECONDS after it opened or after its last response: an idle or half-sent connection holds
+    a socket forever otherwise."""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.deadline = self.loop.call_later(HEADER_SECONDS, self.late)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.deadline.cancel()  # a request is being answered
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self.deadline.cancel()
+        self.deadline = self.loop.call_later(HEADER_SECONDS, self.late)
+
+    def connection_lost(self, exc) -> None:
+        self.deadline.cancel()
+        super().connection_lost(exc)
+
+    def late(self) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.close()
+
+
 class Server(uvicorn.Server):
     """uvicorn's server, saying where it listens once it does (its signal handlers in place by then),
-    and ending normally (exit status 0) on SIGINT or SIGTERM: uvicorn would raise the signal again
-    once it has shut down."""
+    ending its requests in OpenAI's shape when it stops, and ending normally (exit status 0) on
+    SIGINT or SIGTERM: uvicorn would raise the signal again once it has shut down."""
+
+    def __init__(self, config: uvicorn.Config, service: Service):
+        super().__init__(config)
+        self.service = service
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.service.shutting_down()
+        await super().shutdown(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -439,25 +514,28 @@ class Server(uvicorn.Server):
         await super().startup(sockets)
         for sock in sockets or []:
             host, port = sock.getsockname()[:2]
+            host = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
             print(f"minigpt serve: listening on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free port), bound before the model's first request."""
+    """A listening socket (port 0: any free port) on an IPv4 or IPv6 address or a host name, bound
+    before the model's first request."""
     try:
-        return socket.create_server((host, port))
-    except OSError as e:
-        raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except (OSError, UnicodeError) as e:
+        raise InputError(f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def server(service: Service) -> Server:
     """A uvicorn server for the service's app, quiet but for warnings and errors (no access log)."""
-    config = uvicorn.Config(service.app(), log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS)
-    return Server(config)
+    config = uvicorn.Config(service.app(), http=Protocol, log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS + 2)  # ours answers them first
+    return Server(config, service)
 
 
 def serve(service: Service, sock: socket.socket) -> None:
     """Serve on `sock` until SIGINT or SIGTERM: then stop accepting, give running requests
-    SHUTDOWN_GRACE_SECONDS to finish, cancel the rest and return."""
+    SHUTDOWN_GRACE_SECONDS to finish, answer the rest 503 (streams: an error event and [DONE]) and return."""
     server(service).run(sockets=[sock])
