@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a test that reached for the hub would fail, not hang
 
@@ -21,6 +21,9 @@ settings.register_profile("dev", max_examples=50, deadline=None, print_blob=True
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=30, deadline=None, print_blob=True, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
+# scripts/mutants.py: the "ci" examples, no shrinking and no example database (a failure is all it needs)
+settings.register_profile("mutants", parent=settings.get_profile("ci"), database=None,
+                          phases=[Phase.explicit, Phase.generate])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 

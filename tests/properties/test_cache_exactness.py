@@ -3,12 +3,15 @@ recomputed every step, the numbers and the tokens are bitwise the same."""
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from bits import assert_rows_same_bits
+from bits import assert_rows_same_bits, assert_same_bits
 from strategies import chunked_record, chunkings, models, token_ids
 
+from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.exact.causal_proof import record_forward
+from minigpt.gpt2.forward import forward
 from minigpt.scripted.api import generate
 
 
@@ -41,3 +44,21 @@ def test_generation_equivalence_cached_and_naive_loops_generate_identical_tokens
     cached = generate(model, ids, n, use_cache=True, **options)
     naive = generate(model, ids, n, use_cache=False, **options)
     assert cached.tokens == naive.tokens
+
+
+@given(st.data())
+def test_forward_cached_in_any_chunks_is_bitwise_part_1_s_forward_and_appending_changes_no_old_row(data):
+    """On the real forwards, not the traced one: gpt2.forward.forward's logits for ids are bitwise
+    kv_cache.forward_cached's fed the same ids in any chunks (after a prefill, one token at a time);
+    and forward over ids[:t] is bitwise the first t rows of forward over ids (an appended token
+    changes no earlier position)."""
+    model = data.draw(models())
+    ids = data.draw(token_ids(model.config))
+    whole = forward(model, ids)
+    cache, rows, start = new_cache(model.config, len(ids)), [], 0
+    for size in data.draw(chunkings(len(ids)), label="chunks"):
+        rows.append(forward_cached(model, ids[start:start + size], cache))
+        start += size
+    assert_same_bits(np.concatenate(rows), whole, "chunked forward_cached vs forward")
+    t = data.draw(st.integers(1, len(ids)), label="t")
+    assert_same_bits(forward(model, ids[:t]), whole[:t], f"forward over the first {t} ids vs its rows")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from strategies import models, sampling, token_ids
 
 from minigpt.scripted.api import Engine, score
-from minigpt.engine.paging import pages_for
+from minigpt.engine.paging import PAGE, pages_for
 
 
 @st.composite
@@ -84,3 +84,42 @@ def test_prefix_cache_exactness_off_cold_and_warm_give_bitwise_the_same_results(
         assert a.cached_tokens == 0
         if want_scores and len(prompt) > 1:
             assert a.prompt_logprobs[1:] == score(model, prompt).tolist()
+
+
+@st.composite
+def prompts_of_repeated_pages(draw, config) -> list[list[int]]:
+    """2-5 prompts built from a few page-sized blocks, repeated and permuted (so one prompt's first
+    page is often another's later page, or the same page after another prefix), each with a tail."""
+    blocks = [draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=PAGE, max_size=PAGE), label="block")
+              for _ in range(draw(st.integers(1, 3), label="blocks"))]
+    most = (config.n_positions - 1) // PAGE  # whole pages that leave room for a tail of one
+    prompts = []
+    for _ in range(draw(st.integers(2, 5), label="prompts")):
+        chosen = draw(st.lists(st.sampled_from(blocks), min_size=1, max_size=most), label="pages")
+        tail = draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=1,
+                             max_size=config.n_positions - 1 - PAGE * len(chosen)), label="tail")
+        prompts.append([t for block in chosen for t in block] + tail)
+    return prompts
+
+
+def pages_under_the_same_whole_prefix(prompt: list[int], earlier: list[list[int]]) -> int:
+    """Full pages of `prompt` before its last id whose whole prefix (the page and every page before
+    it) an earlier prompt, fed whole, wrote."""
+    most = (len(prompt) - 1) // PAGE
+    return max((j for q in earlier for j in range(min(most, len(q) // PAGE) + 1)
+                if q[:j * PAGE] == prompt[:j * PAGE]), default=0)
+
+
+@given(st.data())
+def test_the_prefix_cache_reuses_a_page_only_under_the_same_whole_prefix(data):
+    """Prompts of repeated and permuted page-sized blocks, one call after another on one engine:
+    each result is bitwise what the engine without a prefix cache gives, and its cached_tokens are
+    exactly the pages whose whole prefix an earlier prompt wrote (a page equal to another at another
+    place, or after another prefix, is never taken)."""
+    model = data.draw(models(min_positions=2 * PAGE + 2))
+    prompts = data.draw(prompts_of_repeated_pages(model.config), label="prompts")
+    warm, cold = Engine(model, max_batch_size=16), Engine(model, max_batch_size=16, prefix_cache=False)
+    for i, prompt in enumerate(prompts):
+        [hot], [plain] = warm.generate([prompt], 1), cold.generate([prompt], 1)
+        assert hot.tokens == plain.tokens and hot.logprobs == plain.logprobs
+        assert hot.cached_tokens == PAGE * pages_under_the_same_whole_prefix(prompt, prompts[:i])

@@ -1,0 +1,210 @@
+"""The tests, tested: plausible bugs put into a copy of the repository one at a time, each of which
+the tests that guard its claim must catch (docs/testing.md says which test guards which claim).
+
+    PYTHONPATH=. python scripts/mutants.py             # every bug: caught or survived, seconds to fail
+    PYTHONPATH=. python scripts/mutants.py --list      # the table of bugs and their guards, no run
+    PYTHONPATH=. python scripts/mutants.py --only gelu-constant prefix-hash-parent
+
+Each bug is a snippet of one file and its replacement (a bug may need a few), applied in a
+temporary copy of the tracked files, never in the checkout; only its guarding tests run there
+(pytest -x; Hypothesis' "ci" examples without shrinking). A snippet that no longer matches its file exactly once
+stops the run before any test: the code moved, and the bug must be written again. Exit status 0
+only if every bug was caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SECONDS = 600  # a bug whose tests run longer is reported as a hang (caught: something never ended)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    claim: str  # what the bug breaks, as the book states it
+    edits: tuple[tuple[str, str, str], ...]  # (file, snippet, replacement)
+    tests: tuple[str, ...]  # the tests that must catch it
+
+
+def bug(name: str, claim: str, file: str, snippet: str, replacement: str, *tests: str,
+        more: tuple[tuple[str, str, str], ...] = ()) -> Mutant:
+    return Mutant(name, claim, ((file, snippet, replacement), *more), tests)
+
+
+LAYERS, SAMPLING = "minigpt/gpt2/layers.py", "minigpt/loop/sampling.py"
+REFERENCES = "tests/properties/test_references.py"
+MUTANTS = [
+    # part 1: GPT-2 plainly
+    bug("gelu-constant", "GELU is GPT-2's tanh approximation", LAYERS,
+        "t = 0.044715 * x * x", "t = 0.0447 * x * x", f"{REFERENCES}::test_gelu_is_within_4_float32_ulps_of_x_of_the_float64_tanh_formula"),
+    bug("layer-norm-unbiased-variance", "LayerNorm divides by the biased variance, as torch", LAYERS,
+        "var = (centered * centered).sum(axis=-1, keepdims=True) / n", "var = (centered * centered).sum(axis=-1, keepdims=True) / (n - 1)",
+        f"{REFERENCES}::test_layer_norm_is_within_4_float32_roundings_of_the_float64_formula"),
+    bug("layer-norm-eps-outside-sqrt", "LayerNorm adds eps inside the square root", LAYERS,
+        "np.sqrt(var + eps)", "(np.sqrt(var) + eps)", f"{REFERENCES}::test_layer_norm_is_within_4_float32_roundings_of_the_float64_formula"),
+    bug("mask-sees-the-next-key", "the causal mask hides every later key", LAYERS,
+        "where=np.arange(S) > np.arange(S - T, S)[:, None]", "where=np.arange(S) > np.arange(S - T, S)[:, None] + 1",
+        f"{REFERENCES}::test_attention_softmax_is_within_8_float32_roundings_of_the_float64_formula", "tests/test_layers.py"),
+    bug("attention-scale-by-head-count", "scores are divided by sqrt(head_dim)", LAYERS,
+        "scores /= np.float32(math.sqrt(q.shape[-1]))", "scores /= np.float32(math.sqrt(q.shape[0]))",
+        f"{REFERENCES}::test_attention_softmax_is_within_8_float32_roundings_of_the_float64_formula"),
+    bug("position-embedding-off-by-one", "position t takes wpe[t]", "minigpt/gpt2/forward.py",
+        "x = embed(gpt.params, ids)  # [T, C]", "x = embed(gpt.params, ids, 1)  # [T, C]", "tests/test_parity.py"),
+    # part 2: the KV cache
+    bug("cache-positions-off-by-one", "a cached forward continues at the cache's length", "minigpt/cache/kv_cache.py",
+        "x = embed(gpt.params, ids, start)  # NEW", "x = embed(gpt.params, ids, max(start - 1, 0))  # NEW",
+        "tests/properties/test_cache_exactness.py::test_forward_cached_in_any_chunks_is_bitwise_part_1_s_forward_and_appending_changes_no_old_row"),
+    # part 3: sampling and stopping
+    bug("log-softmax-float32-sum", "log-probabilities sum the normaliser in float64", SAMPLING,
+        "np.exp(logits - top).sum(dtype=np.float64)", "np.exp(logits - top).sum(dtype=np.float32)",
+        f"{REFERENCES}::test_log_probabilities_are_within_half_a_float32_rounding_of_an_exact_fsum_reference"),
+    bug("temperature-after-filtering", "temperature is applied before top-k and top-p", SAMPLING,
+        "z = (z - z.max()) / options.temperature", "z = z - z.max()",
+        f"{REFERENCES}::test_temperature_top_k_and_top_p_keep_exactly_the_tokens_transformers_keeps_with_its_probabilities",
+        more=((SAMPLING, "    z -= z.max()\n    return z - np.log(np.exp(z).sum())",
+               "    z = z / options.temperature\n    z -= z.max()\n    return z - np.log(np.exp(z).sum())"),)),
+    bug("top-k-drops-ties", "top-k keeps every token tied with the k-th, as Hugging Face", SAMPLING,
+        "z[z < kth] = -np.inf", "z[z <= kth] = -np.inf", f"{REFERENCES}::test_temperature_top_k_and_top_p_keep_exactly_the_tokens_transformers_keeps_with_its_probabilities"),
+    bug("top-p-one-token-short", "top-p keeps the smallest set holding top_p", SAMPLING,
+        "z[order[mass_before >= options.top_p]] = -np.inf", "z[order[mass_before + p >= options.top_p]] = -np.inf",
+        f"{REFERENCES}::test_temperature_top_k_and_top_p_keep_exactly_the_tokens_transformers_keeps_with_its_probabilities"),
+    bug("greedy-argmin", "temperature 0 takes the most likely token", SAMPLING,
+        "return int(np.argmax(logits))", "return int(np.argmax(logits[:-1]))", "tests/test_sampling.py", "tests/test_parity_text.py"),
+    bug("stop-string-later-match", "the text ends before the first stop string to begin", "minigpt/loop/sequence.py",
+        "first = start if first is None else min(first, start)", "first = start if first is None else max(first, start)",
+        "tests/properties/test_stop_strings.py", "tests/test_sequence.py"),
+    # part 4: exactness
+    bug("gemv-calls-not-aligned", "every gemv call computes a multiple of 4 x threads outputs", "minigpt/exact/kernels.py",
+        "return math.lcm(ALIGN, 4 * threads())", "return 1", "tests/test_threads.py"),
+    bug("page-tree-pairs-neighbours", "pages are added up by one fixed tree, whatever the batch", "minigpt/exact/kernels.py",
+        "np.add(pages[:pairs], pages[half:n], out=pages[:pairs])",
+        "np.add(pages[:pairs], pages[n - pairs:n], out=pages[:pairs])",
+        "tests/test_layers.py", "tests/properties/test_batch_exactness.py"),
+    bug("exact-attention-without-headroom", "exact attention's undivided sums keep headroom", "minigpt/exact/kernels.py",
+        "scores -= np.maximum.reduce(scores, axis=-1, keepdims=True) + HEADROOM",
+        "scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)", "tests/test_layers.py"),
+    # part 5: the engine
+    bug("prefix-hash-parent", "a cached page is reused only under the same whole prefix", "minigpt/engine/scheduler.py",
+        "            parent = page_hash(parent, tuple(ids[i * PAGE:(i + 1) * PAGE]))",
+        "            parent = page_hash(self.root, tuple(ids[i * PAGE:(i + 1) * PAGE]))",
+        "tests/properties/test_prefix_cache_exactness.py::test_the_prefix_cache_reuses_a_page_only_under_the_same_whole_prefix",
+        more=(("minigpt/engine/scheduler.py", "h = page_hash(job.hashes[-1] if job.hashes else self.root, tokens)",
+               "h = page_hash(self.root, tokens)"),)),
+    bug("preempted-keeps-its-hashes", "a preempted sequence starts again from nothing", "minigpt/engine/scheduler.py",
+        "                victim.hashes = []\n", "",
+        "tests/properties/test_engine_exactness.py", "tests/properties/test_prefix_cache_exactness.py", "tests/test_engine.py"),
+    bug("preempt-the-oldest", "the newest running sequence is preempted first", "minigpt/engine/scheduler.py",
+        "victim = self.running.pop()", "victim = self.running.pop(0)", "tests/test_engine.py", "tests/test_batching.py"),
+    bug("speculative-accept-always", "a draft is accepted with probability min(1, p/q)", "minigpt/engine/speculative.py",
+        "if rng.random() * q_i[draft] < p[i, draft]:", "if rng.random() * q_i[draft] <= q_i[draft]:",
+        "tests/test_speculative.py"),
+    bug("speculative-keeps-rejected-keys", "the cache is cut back past the rejected drafts", "minigpt/engine/speculative.py",
+        "cache.truncate(len(ids) + n_accepted)", "cache.truncate(len(ids) + n_accepted + 1)",
+        "tests/properties/test_speculative_exactness.py", "tests/test_speculative.py"),
+    # part 6: loading and checking
+    bug("safetensors-gap-accepted", "tensors tile the data buffer with no gap", "minigpt/loading/safetensors_format.py",
+        "        if begin != end:\n", "        if begin < end:\n", "tests/test_safetensors_format.py", "tests/test_hostile_checkpoints.py"),
+    bug("endoftext-as-text", "<|endoftext|> in a text is the special token, as OpenAI and vLLM encode it",
+        "minigpt/loading/tokenizer.py", "documents = text.split(ENDOFTEXT) if special_tokens else [text]",
+        "documents = [text]", "tests/test_tokenizer.py"),
+    # part 7: scripted use
+    bug("score-windows-skip-a-token", "scoring windows cover every token once", "minigpt/scripted/scoring.py",
+        "first, last = last + 1, min(last + stride, ids.size - 1)", "first, last = last + 2, min(last + stride, ids.size - 1)",
+        "tests/test_scoring.py"),
+    bug("server-seeds-repeat", "choice j of a request samples with seed + j", "minigpt/scripted/completions.py",
+        "sampling=dataclasses.replace(request.sampling, seed=self.seed + j)",
+        "sampling=dataclasses.replace(request.sampling, seed=self.seed)", "tests/test_serve.py"),
+    bug("usage-counts-prompt-per-choice", "usage counts each prompt once", "minigpt/scripted/completions.py",
+        "firsts = results[::completion.n]", "firsts = results", "tests/test_serve.py"),
+    bug("engine-takes-another-thread", "one engine is driven from one thread at a time", "minigpt/scripted/api.py",
+        "            if not mine and self._driver is not None:", "            if False:",
+        "tests/test_engine.py"),
+    bug("kept-tuning-trusted", "a kept tuning is read only from a regular file", "minigpt/exact/tuning.py",
+        "        if not stat.S_ISREG(os.fstat(fd).st_mode):\n            raise ValueError(\"not a regular file\")\n", "",
+        "tests/test_tuning.py"),
+]
+
+
+def check_snippets(mutants: list[Mutant], root: Path = ROOT) -> list[str]:
+    """Every edit's snippet as it stands: the faults of those that do not occur exactly once."""
+    faults = []
+    for m in mutants:
+        for file, snippet, _ in m.edits:
+            count = (root / file).read_text().count(snippet)
+            if count != 1:
+                faults.append(f"{m.name}: {file} holds its snippet {count} times: {snippet.strip()[:60]!r}")
+    return faults
+
+
+def tracked_copy(into: Path) -> None:
+    """The files git tracks (as they are in the working tree), copied into `into`."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in files.decode().split("\0"):
+        if name and (ROOT / name).is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, into / name)
+
+
+def run(mutant: Mutant, copy: Path) -> tuple[bool, float, str]:
+    """(caught, seconds, the first failing test's line) for one bug, applied and then undone."""
+    originals = {}
+    for file, snippet, replacement in mutant.edits:
+        path = copy / file
+        originals.setdefault(path, path.read_text())
+        path.write_text(path.read_text().replace(snippet, replacement))
+    env = {**os.environ, "PYTHONPATH": str(copy), "HYPOTHESIS_PROFILE": "mutants", "PYTHONDONTWRITEBYTECODE": "1"}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+                              cwd=copy, env=env, capture_output=True, text=True, timeout=SECONDS)
+        failed = next((line for line in done.stdout.splitlines() if line.startswith("FAILED")), "")
+        caught = done.returncode != 0
+        if caught and not failed:
+            failed = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    except subprocess.TimeoutExpired:
+        caught, failed = True, f"hung past {SECONDS} s"
+    for path, text in originals.items():
+        path.write_text(text)
+    return caught, time.perf_counter() - start, failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="print the bugs and their guards, run nothing")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these bugs")
+    args = parser.parse_args()
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.list:
+        print("| bug | claim | guarded by |\n|---|---|---|")
+        for m in chosen:
+            print(f"| {m.name} | {m.claim} | {', '.join(f'`{t}`' for t in m.tests)} |")
+        return 0
+    faults = check_snippets(chosen)
+    if faults:
+        print("\n".join(faults), file=sys.stderr)
+        return 2
+    survived = 0
+    with tempfile.TemporaryDirectory(prefix="minigpt-mutants-") as tmp:
+        copy = Path(tmp)
+        tracked_copy(copy)
+        print(f"{'bug':32} {'verdict':9} {'seconds':>8}  first failure")
+        for m in chosen:
+            caught, seconds, failed = run(m, copy)
+            survived += not caught
+            print(f"{m.name:32} {'caught' if caught else 'SURVIVED':9} {seconds:8.1f}  {failed[:110]}", flush=True)
+    print(f"{len(chosen) - survived} of {len(chosen)} caught")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
