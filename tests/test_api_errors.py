@@ -1,6 +1,6 @@
 """Hostile inputs and faults through the API: one documented MinigptError that names the culprit.
 
-Every row of docs/errors.md is checked here through `minigpt.load`, `Model.forward`,
+Every row of docs/loading.md is checked here through `minigpt.load`, `Model.forward`,
 `minigpt.generate` and `minigpt.stream` (test_cli_errors.py runs the same rows through the CLI;
 tests/test_hostile_checkpoints.py goes deeper into damaged files at the `load_checkpoint` level).
 A request that cannot succeed is refused before any work: `no_work` makes running a transformer

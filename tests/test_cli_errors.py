@@ -1,6 +1,6 @@
 """Hostile inputs and faults through the CLI: one line `error: ...` on stderr, a non-zero exit, no traceback.
 
-The rows of docs/errors.md, as a user meets them with `python -m minigpt generate`: 1 for a fault,
+The rows of docs/loading.md, as a user meets them with `python -m minigpt generate`: 1 for a fault,
 2 for a usage error, 130 for Ctrl-C. Most run `minigpt.cli.main` in-process (fast); a few run the
 real `python -m minigpt` in a subprocess, as a user does. The broken checkpoints are the ones
 test_api_errors.py loads through the API.

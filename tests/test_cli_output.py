@@ -4,7 +4,7 @@ targets, huge sizes, --version, unrecognized arguments, make_checkpoint.py, the 
 Each class is run through `minigpt.cli.main` in-process for every command (fast: the streams are
 swapped for closed, full or ASCII ones), and once through the real `python -m minigpt` in a
 subprocess, whose exit status and descriptors are what a shell sees. The rows are in
-docs/errors.md ("Output streams and encodings", "The command line's own cases").
+docs/loading.md ("Output streams and encodings", "The command line's own cases").
 """
 
 from __future__ import annotations

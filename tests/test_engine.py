@@ -53,6 +53,24 @@ def test_cached_pages_are_evicted_before_a_running_sequence_is_preempted(model):
     assert stats["evictions"] == 3 and stats["preemptions"] == 0
 
 
+def test_a_preempted_sequence_holds_nothing_and_gets_its_tokens_alone(model):
+    """Preempted, a sequence gives back its pages and forgets its place in the prefix cache (its
+    written pages stay cached for anyone, itself included); readmitted, it starts from nothing."""
+    prompts = [PREFIX + [i] for i in range(3)]
+    engine = minigpt.Engine(model, max_batch_size=3, kv_cache_tokens=160)  # 10 pages for 3 x 7 needed
+    jobs = [engine.submit(make_request(model, prompt, 60, stop_at_eos=False)) for prompt in prompts]
+    while engine.stats()["preemptions"] == 0:
+        engine.step()
+    victims = [job for job in jobs if job.seq.preemptions]
+    assert victims and all(job.cache.pages == [] and job.hashes == [] for job in victims)
+    while engine.pending():
+        engine.step()
+    for prompt, job in zip(prompts, jobs):
+        alone = minigpt.generate(model, prompt, 60, stop_at_eos=False)
+        result = job.result()
+        assert result.tokens == alone.tokens and result.logprobs == alone.logprobs
+
+
 def test_a_cancelled_request_leaves_and_gives_its_pages_back(model):
     engine = minigpt.Engine(model, prefix_cache=False)
     job = engine.submit(make_request(model, PREFIX, 100, stop_at_eos=False))

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from minigpt.exact.kernels import EXACT, FAST, Queries, attend_batch
+from minigpt.exact.kernels import EXACT, FAST, PAGE, Queries, attend_batch
 from minigpt.gpt2.layers import gelu, layer_norm, merge_heads, split_heads
 from minigpt.gpt2.params import LayerNorm
 
@@ -160,6 +160,23 @@ def test_exact_attention_of_a_sequence_is_bitwise_the_same_beside_longer_ones(rn
     for i, p in enumerate(parts[1:], 1):
         single = EXACT.attend(q[:, i:i + 1], *p.segments[0])
         np.testing.assert_array_equal(together[:, i:i + 1].view(np.uint32), single.view(np.uint32))
+
+
+def test_exact_attention_of_any_page_count_is_bitwise_the_same_beside_any_longer_row(rng):
+    """Each row's sum over pages is the tree over its own pages padded to its own power of two: a
+    row of n pages gives the same bits beside a row of m >= n pages, for every n <= m <= 12 (a tree
+    that halved the group's page count instead would pair a row's pages by the longest row's)."""
+    H, hd = 2, 8
+    k = rng.standard_normal((H, 12 * PAGE, hd), dtype=np.float32)
+    v = rng.standard_normal((H, 12 * PAGE, hd), dtype=np.float32)
+    q = rng.standard_normal((H, 2, hd), dtype=np.float32)
+    for n in range(1, 13):
+        alone = EXACT.attend(q[:, :1], k[:, :n * PAGE], v[:, :n * PAGE])
+        for m in range(n, 13):
+            parts = [Queries(slice(0, 1), n * PAGE, [(k[:, :n * PAGE], v[:, :n * PAGE])]),
+                     Queries(slice(1, 2), m * PAGE, [(k[:, :m * PAGE], v[:, :m * PAGE])])]
+            together = attend_batch(EXACT, q, parts)
+            np.testing.assert_array_equal(together[:, :1].view(np.uint32), alone.view(np.uint32), f"{n} beside {m}")
 
 
 @pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)

@@ -21,6 +21,10 @@ def test_greedy_is_argmax_and_ignores_the_rng():
     state = rng.bit_generator.state
     assert next_token(logits, SamplingOptions(), rng) == 1
     assert rng.bit_generator.state == state
+    for best in (0, 3):  # the first and the last id too
+        peaked = logits.copy()
+        peaked[best] = 9.0
+        assert next_token(peaked, SamplingOptions(), rng) == best
 
 
 def test_a_tiny_temperature_is_greedy_not_nan():

@@ -87,6 +87,8 @@ def test_n_seeded_choices_sample_with_seed_plus_their_index(model, client):
         assert (c.text, c.logprobs.token_logprobs) == (text_of(model, alone), alone.logprobs)
         assert c.logprobs.top_logprobs is None  # logprobs 0: the chosen tokens' only
     assert len({c.text for c in answer.choices[:3]}) > 1  # the seeds differ
+    assert answer.usage.prompt_tokens == 3  # each prompt once, as OpenAI counts, however many choices
+    assert answer.usage.completion_tokens == sum(len(c.logprobs.token_logprobs) for c in answer.choices)
 
 
 def test_a_stream_adds_up_to_the_whole_answer_and_reports_usage(model, client):

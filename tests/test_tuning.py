@@ -55,7 +55,7 @@ def hostile_kept_files(path, key):
     yield "not json", lambda: path.write_text("{not json")
     yield "a list", lambda: path.write_text("[]")
     yield "deep nesting", lambda: path.write_text("[" * 100_000 + "]" * 100_000)
-    yield "a duplicate key", lambda: path.write_text('{"%s": {}, "%s": {}}' % (key, key))
+    yield "a duplicate key", lambda: path.write_text('{"%s": %s, "%s": %s}' % (key, json.dumps(fields), key, json.dumps(fields)))
     for name, value in (("a string", "big"), ("NaN", float("nan")), ("a bool", True), ("zero", 0), ("a float", 2.5)):
         yield f"{name} for a block size", lambda value=value: path.write_text(
             json.dumps({key: {**fields, "row_block": value}}))

@@ -1,4 +1,4 @@
-"""Part 2, the KV cache: what it adds to part 1's forward, and nothing else (docs/fixes.md).
+"""Part 2, the KV cache: what it adds to part 1's forward, and nothing else (docs/kv-cache.md).
 
 Under the causal mask an old position never sees a new token, so its keys and values can be kept
 and each new token computed alone against them.

@@ -1,5 +1,5 @@
 """Part 6, loading and checking: checkpoints on disk, the tokenizer, and validation once, at the
-public boundary (docs/errors.md, docs/tokenizer.md).
+public boundary (docs/loading.md, docs/tokenizer.md).
 
 Modules, in reading order:
     files               what stands at a path
