@@ -743,6 +743,28 @@ def test_the_numerical_error_names_the_first_block_that_overflowed(tiny_model):
         scaled(tiny_model, 1e30, "h.1.").forward([464, 3290])
 
 
+def with_huge_position(model: minigpt.Model, position: int) -> minigpt.Model:
+    """`model` whose position embedding at `position` is 3e38: only a sequence that reaches it overflows."""
+    tensors = params_to_tensors(model.params)
+    tensors["wpe.weight"] = tensors["wpe.weight"].copy()
+    tensors["wpe.weight"][position] = 3e38
+    return dataclasses.replace(model, params=params_from_tensors(model.config, tensors))
+
+
+@pytest.mark.parametrize("run", ["generate_batch", "engine"])
+def test_an_overflow_in_a_batch_names_the_prompt_that_overflowed_and_its_first_layer(tiny_model, run):
+    """Prompts 0 and 2 stay short of position 8; prompt 1 reaches it: the error names prompt 1 and
+    block 0, as a forward over prompt 1 alone does."""
+    model, prompts = with_huge_position(tiny_model, 8), [[464, 3290], list(range(9)), [13]]
+    with pytest.raises(NumericalError, match=re.escape("after block 0 (h.0)")):
+        model.forward(prompts[1])
+    call = (lambda: minigpt.generate_batch(model, prompts, 3, stop_at_eos=False)) if run == "generate_batch" else (
+        lambda: minigpt.Engine(model).generate(prompts, 3, stop_at_eos=False))
+    with pytest.raises(NumericalError, match=r"^prompt 1: .*not finite .* after block 0 \(h\.0\)") as raised:
+        call()
+    assert raised.value.sequence.index == 1
+
+
 def test_the_numerical_error_names_the_lm_head_when_only_the_logits_overflow(tiny_model):
     """ln_f outputs 1e37 everywhere, finite; token 0's row of wte sums to 64: its logit is 6.4e38."""
     tensors = params_to_tensors(tiny_model.params)

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from serving import HOST, get, post, running_server, settled
+from test_api_errors import with_huge_position
 
 import minigpt
 from minigpt.engine import scheduler as engine_module
@@ -217,3 +218,15 @@ def test_an_ipv6_literal_is_served():
     finally:
         process.terminate()
         process.wait(30)
+
+
+def test_an_overflowing_choice_is_a_500_naming_it_and_its_first_layer_and_the_server_goes_on(model):
+    """Weights that overflow at position 8 only: the request whose prompt reaches it gets a 500 naming
+    its choice and block 0; a request that stays short of it, before and after, is answered."""
+    broken = with_huge_position(model, 8)
+    with running_server(broken) as (service, url):
+        assert post(url, "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})[0] == 200
+        status, _, body = post(url, "/v1/completions", {"prompt": list(range(9)), "max_tokens": 3})
+        assert status == 500 and body["error"]["type"] == "server_error"
+        assert body["error"]["message"].startswith("choice 0: ") and "after block 0 (h.0)" in body["error"]["message"]
+        assert post(url, "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})[0] == 200

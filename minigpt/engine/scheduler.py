@@ -141,9 +141,10 @@ class Scheduler:
         jobs = list(self.running)
         logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs],
                                [job.cache for job in jobs], [0 if job.scoring else 1 for job in jobs])
+        for job, rows in zip(jobs, logits):  # rows [T or 1, vocab]: each checked before any is used
+            check_finite(rows, job)
         produced = 0
-        for job, rows in zip(jobs, logits):  # rows [T or 1, vocab]
-            check_finite(rows)
+        for job, rows in zip(jobs, logits):
             if job.scoring:
                 self._score_prompt(job, rows)
             if not job.seq.done:

@@ -119,9 +119,12 @@ def read_only(part) -> None:
 
 def overflow(gpt: GPT2, error: NumericalError, ids, cache: KVCache | None = None) -> NumericalError:
     """`error` naming the first layer whose output stopped being finite, found by tracing the forward
-    over ids again (after the cache's positions, whose keys and values it writes again, unchanged)."""
+    over ids again (after the cache's positions, whose keys and values it writes again, unchanged);
+    an engine's error, which carries its sequence, by tracing that sequence's ids."""
+    if error.sequence is not None:
+        ids, cache = error.sequence.seq.ids, None
     return NumericalError(f"{error} after {first_non_finite(gpt, ids, cache)}: the weights are finite but too "
-                          "large for float32 arithmetic")
+                          "large for float32 arithmetic", error.sequence)
 
 
 def check_model(model: object) -> Model:

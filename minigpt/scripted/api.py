@@ -72,7 +72,8 @@ def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, *, use_cac
 
 def named_overflow(gpt: GPT2, items: Iterator[T], ids: Callable[[], list[int]]) -> Iterator[T]:
     """The items of a loop, each computed with overflow warnings off: an overflow is the NumericalError
-    of a finiteness check, raised here naming the layer where it began in a forward over ids()."""
+    of a finiteness check, raised here naming the layer where it began in a forward over ids() (or,
+    from an engine, over its sequence's)."""
     while True:
         try:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -278,10 +279,14 @@ class Engine(Scheduler):
             self.check_fits(requests)
             jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
             mine = set(jobs)
-            unfinished = lambda: next((j for j in jobs if not j.seq.done), jobs[0]).seq.ids  # noqa: E731
-            for job in named_overflow(self.gpt, self.run(on_step), unfinished):
-                if job in mine:
-                    yield job.index, job.result()
+            try:
+                for job in named_overflow(self.gpt, self.run(on_step), lambda: []):  # the error has its sequence
+                    if job in mine:
+                        yield job.index, job.result()
+            except NumericalError as e:
+                if e.sequence not in mine:
+                    raise
+                raise NumericalError(f"prompt {e.sequence.index}: {e}", e.sequence) from None
 
     def check_fits(self, requests: list[Request]) -> None:
         """InputError naming the first request that could never fit in the pool ("prompt i: ...")."""

@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
@@ -39,8 +40,8 @@ from ..loading.checks import check_ids
 from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
                           encode_text, envelope, parse_json, usage_json)
 from ..engine.scheduler import Job
-from ..errors import InputError, MinigptError
-from ..loading.model import Model
+from ..errors import InputError, MinigptError, NumericalError
+from ..loading.model import Model, overflow
 from ..loop.sequence import GenerationResult, Request, StreamedToken
 from ..loading.tokenizer import token_text
 
@@ -141,12 +142,18 @@ class EngineThread:
         fails the choices of the step (500) and cancels them; the engine goes on."""
         finished: list[Job] = []
         try:
-            finished, _ = self.engine.step()
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the NumericalError below
+                finished, _ = self.engine.step()
             self.updates(finished)
         except Exception as e:  # a fault of minigpt's, never of the request: logged, and the loop goes on
-            log.exception("an engine step failed; its requests are answered with a 500")
-            message = APIError(f"internal error in the engine step: {type(e).__name__}: {e}", None, "internal_error",
-                               500, "server_error")
+            if isinstance(e, NumericalError) and e.sequence is not None:  # the weights overflow on its ids
+                log.warning("choice %s: the activations stopped being finite", e.sequence.index)
+                message = APIError(f"choice {e.sequence.index}: {overflow(self.engine.gpt, e, [])}", None,
+                                   "numerical_error", 500, "server_error")
+            else:
+                log.exception("an engine step failed; its requests are answered with a 500")
+                message = APIError(f"internal error in the engine step: {type(e).__name__}: {e}", None,
+                                   "internal_error", 500, "server_error")
             self.finish([job for job in self.tickets if job.finished])  # ended before the fault: answered
             ran = list(self.engine.running) or list(self.engine.waiting)  # those it ran, or tried to admit
             for job in [*finished, *ran]:
