@@ -6,8 +6,9 @@ the tests that guard its claim must catch (docs/testing.md says which test guard
     PYTHONPATH=. python scripts/mutants.py --only gelu-constant prefix-hash-parent
 
 Each bug is a snippet of one file and its replacement (a bug may need a few), applied in a
-temporary copy of the tracked files, never in the checkout; only its guarding tests run there
-(pytest -x; Hypothesis' "ci" examples without shrinking). A snippet that no longer matches its file exactly once
+temporary copy of the working tree (what git tracks or would), never in the checkout; only its
+guarding tests run there (pytest -x; Hypothesis' "ci" examples without shrinking). A bug is caught
+only by a failing test, never by an error collecting them. A snippet that no longer matches its file exactly once
 stops the run before any test: the code moved, and the bug must be written again. Exit status 0
 only if every bug was caught.
 """
@@ -93,14 +94,11 @@ MUTANTS = [
         "scores -= np.maximum.reduce(scores, axis=-1, keepdims=True) + HEADROOM",
         "scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)", "tests/test_layers.py"),
     # part 5: the engine
-    bug("prefix-hash-parent", "a cached page is reused only under the same whole prefix", "minigpt/engine/scheduler.py",
-        "            parent = page_hash(parent, tuple(ids[i * PAGE:(i + 1) * PAGE]))",
-        "            parent = page_hash(self.root, tuple(ids[i * PAGE:(i + 1) * PAGE]))",
-        "tests/properties/test_prefix_cache_exactness.py::test_the_prefix_cache_reuses_a_page_only_under_the_same_whole_prefix",
-        more=(("minigpt/engine/scheduler.py", "h = page_hash(job.hashes[-1] if job.hashes else self.root, tokens)",
-               "h = page_hash(self.root, tokens)"),)),
+    bug("prefix-hash-parent", "a cached page is reused only under the same whole prefix", "minigpt/engine/paging.py",
+        "        parent = page_hash(parent, page_tokens(ids, i))", "        parent = page_hash(b\"\", page_tokens(ids, i))",
+        "tests/properties/test_prefix_cache_exactness.py::test_the_prefix_cache_reuses_a_page_only_under_the_same_whole_prefix"),
     bug("preempted-keeps-its-hashes", "a preempted sequence starts again from nothing", "minigpt/engine/scheduler.py",
-        "                victim.hashes = []\n", "",
+        "        self.pool.release(job.cache)\n        job.hashes = []\n", "        self.pool.release(job.cache)\n",
         "tests/test_engine.py", "tests/properties/test_engine_exactness.py", "tests/properties/test_prefix_cache_exactness.py"),
     bug("preempt-the-oldest", "the newest running sequence is preempted first", "minigpt/engine/scheduler.py",
         "victim = self.running.pop()", "victim = self.running.pop(0)", "tests/test_batching.py", "tests/test_engine.py"),
@@ -145,17 +143,20 @@ def check_snippets(mutants: list[Mutant], root: Path = ROOT) -> list[str]:
     return faults
 
 
-def tracked_copy(into: Path) -> None:
-    """The files git tracks (as they are in the working tree), copied into `into`."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+def working_copy(into: Path) -> None:
+    """The working tree's files that git tracks or would (not those it ignores), copied into `into`."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, check=True).stdout
     for name in files.decode().split("\0"):
         if name and (ROOT / name).is_file():
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, into / name)
 
 
-def run(mutant: Mutant, copy: Path) -> tuple[bool, float, str]:
-    """(caught, seconds, the first failing test's line) for one bug, applied and then undone."""
+def run(mutant: Mutant, copy: Path) -> tuple[str, float, str]:
+    """(verdict, seconds, the first failing test's line) for one bug, applied and then undone: caught
+    only if a test failed (pytest's status 1); an error in collecting them (status 2 to 5: the copy
+    lacks a file, a test moved) is no catch."""
     originals = {}
     for file, snippet, replacement in mutant.edits:
         path = copy / file
@@ -167,14 +168,14 @@ def run(mutant: Mutant, copy: Path) -> tuple[bool, float, str]:
         done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
                               cwd=copy, env=env, capture_output=True, text=True, timeout=SECONDS)
         failed = next((line for line in done.stdout.splitlines() if line.startswith("FAILED")), "")
-        caught = done.returncode != 0
-        if caught and not failed:
+        verdict = {0: "SURVIVED", 1: "caught"}.get(done.returncode, "ERROR")
+        if done.returncode and not failed:
             failed = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
     except subprocess.TimeoutExpired:
-        caught, failed = True, f"hung past {SECONDS} s"
+        verdict, failed = "caught", f"hung past {SECONDS} s"
     for path, text in originals.items():
         path.write_text(text)
-    return caught, time.perf_counter() - start, failed
+    return verdict, time.perf_counter() - start, failed
 
 
 def main() -> int:
@@ -195,12 +196,12 @@ def main() -> int:
     survived = 0
     with tempfile.TemporaryDirectory(prefix="minigpt-mutants-") as tmp:
         copy = Path(tmp)
-        tracked_copy(copy)
+        working_copy(copy)
         print(f"{'bug':32} {'verdict':9} {'seconds':>8}  first failure")
         for m in chosen:
-            caught, seconds, failed = run(m, copy)
-            survived += not caught
-            print(f"{m.name:32} {'caught' if caught else 'SURVIVED':9} {seconds:8.1f}  {failed[:110]}", flush=True)
+            verdict, seconds, failed = run(m, copy)
+            survived += verdict != "caught"
+            print(f"{m.name:32} {verdict:9} {seconds:8.1f}  {failed[:110]}", flush=True)
     print(f"{len(chosen) - survived} of {len(chosen)} caught")
     return 1 if survived else 0
 

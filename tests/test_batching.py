@@ -137,7 +137,8 @@ def test_a_page_is_zeroed_when_taken_so_a_last_page_read_whole_reads_no_old_keys
     """The exact kernels read a sequence's last page whole: a page taken from the pool holds zeros,
     whatever an earlier sequence left in it (here NaN everywhere), and the logits are those of a
     fresh pool, bit for bit."""
-    from minigpt.engine.paging import PagePool, forward_batch
+    from minigpt.engine.batched import forward_batch
+    from minigpt.engine.paging import PagePool
 
     def logits(pool):
         cache = pool.new_cache()

@@ -298,7 +298,7 @@ def test_a_client_that_leaves_has_its_request_cancelled_and_its_pages_freed(mode
         connection.sock.shutdown(socket.SHUT_RDWR)  # gone, whoever else holds the socket (the response does)
         connection.close()
         stats = settled(service)
-        assert job.cancelled and len(job.seq.tokens) < 150  # stopped, not run to its end
+        assert job.status is engine_module.Status.CANCELLED and len(job.seq.tokens) < 150  # stopped, not run to its end
         assert stats["pages_in_use"] == 0 and service.in_flight == 0 and not service.engine_thread.tickets
 
 

@@ -2,7 +2,8 @@
 (docs/paging.md, docs/batching.md, docs/prefix-cache.md, docs/speculative.md).
 
 Modules, in reading order:
-    paging       paged KV memory, pages kept for their prefix, and the batched forward
+    paging       paged KV memory, and the prefix cache: full pages kept under the chained hash of their prefix
+    batched      the batched forward: many sequences' new positions through the weights at once
     scheduler    continuous batching with a prefix cache: admission, eviction, preemption
     speculative  more tokens per read: drafters and exact verification
 """

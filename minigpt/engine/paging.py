@@ -1,39 +1,55 @@
-"""Paged KV memory and the batched forward: one pool of 16-position pages shared by many sequences.
+"""Paged KV memory: one pool of 16-position pages shared by many sequences, and the prefix cache.
 
 A cache that reserves a sequence's whole context up front (kv_cache.new_cache) wastes the memory
 of every token the sequence never reaches. Serving engines (vLLM's PagedAttention) cut the memory
 into fixed-size pages instead: each sequence holds a page table, takes a page when it grows past
 its last one, and gives all of them back when it finishes or is preempted (docs/paging.md).
 
-`forward_batch` runs several sequences' new positions through the weights together, each
-attending to its own keys and values only. The exact kernels read a sequence's keys in place, in
-runs of consecutive pages (PagedCache.runs, a forward's Placement); their bits do not depend on where the runs break
-(minigpt.exact.kernels, point 4), so a paged, batched sequence gets bitwise gpt2.forward's logits. The
-pool places pages so that sequences stay in few runs: a growing sequence takes the page right
-after its last one when it is free, and a new run starts in the middle of the largest free gap.
+The pool is also the prefix cache, as nano-vllm's block manager: a full page is kept under the
+chained hash of its tokens and every token before them, counted by the sequences that hold it,
+and evicted least recently used once nobody does (docs/prefix-cache.md). The pool places pages so
+that sequences stay in few runs (the exact kernels read a sequence's keys in place, run by run): a
+growing sequence takes the page right after its last one when it is free, and a new run starts in
+the middle of the largest free gap.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import accumulate
-from typing import Callable
 
 import numpy as np
 
 from ..gpt2.config import GPT2Config
-from ..gpt2.forward import GPT2, embed, lm_head
-from ..exact.kernels import PAGE, Queries, Segments, attend_batch
-from ..cache.kv_cache import KVCache
-from ..gpt2.layers import Kernels, block
+from ..exact.kernels import PAGE
 
 
 def pages_for(n_positions: int) -> int:
     """How many pages hold n_positions positions."""
     return -(-n_positions // PAGE)
+
+
+def page_tokens(ids, i: int) -> tuple[int, ...]:
+    """The token ids of a sequence's page i (positions PAGE*i .. PAGE*(i+1)-1)."""
+    return tuple(ids[i * PAGE:(i + 1) * PAGE])
+
+
+def page_hash(parent: bytes, tokens: tuple[int, ...]) -> bytes:
+    """The chained hash of a full page: its parent page's hash and its own token ids."""
+    return hashlib.blake2b(parent + np.asarray(tokens, np.int64).tobytes(), digest_size=16).digest()
+
+
+def chained_hashes(parent: bytes, ids, first: int, stop: int) -> list[bytes]:
+    """The hashes of pages first .. stop-1 of ids, chained from `parent` (page first-1's hash, or the
+    root's): each page's hash stands for its tokens and every token before them."""
+    hashes = []
+    for i in range(first, stop):
+        parent = page_hash(parent, page_tokens(ids, i))
+        hashes.append(parent)
+    return hashes
 
 
 def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
@@ -225,101 +241,3 @@ class PagedCache:
             else:
                 runs.append([page * PAGE, (page + 1) * PAGE])
         return [(a, b) for a, b in runs]
-
-
-@dataclass(frozen=True, eq=False)
-class Placement:
-    """Where one sequence's keys and values lie for one forward, the same in every layer: the store,
-    the slots its new positions go to, and the slot ranges of every position so far."""
-
-    k: np.ndarray  # [n_layer, slots, H, hd]
-    v: np.ndarray
-    new: np.ndarray | slice  # the new positions' slots
-    length: int  # positions so far, the new ones included
-    runs: list[tuple[int, int]]  # the whole pages of positions 0 .. length-1, in order
-
-    def segments(self, layer: int) -> Segments:
-        """The keys and values of every position so far, head by head: views [H, n, hd] of the store."""
-        return [(self.k[layer, a:b].transpose(1, 0, 2), self.v[layer, a:b].transpose(1, 0, 2)) for a, b in self.runs]
-
-
-Write = tuple[np.ndarray, np.ndarray, np.ndarray | slice, np.ndarray | slice]  # k and v stores, slots, rows
-
-
-def writes(placements: list[Placement], rows: list[slice]) -> list[Write]:
-    """Where a forward's new keys and values go, one write per store (a pool's, for all its sequences
-    at once): (its k and v stores [n_layer, slots, H, hd], the slots written, the forward's rows
-    that fill them)."""
-    by_store: dict[int, list[tuple[Placement, slice]]] = {}
-    for place, r in zip(placements, rows):
-        by_store.setdefault(id(place.k), []).append((place, r))
-    out = []
-    for group in by_store.values():
-        place = group[0][0]
-        if len(group) == 1:
-            out.append((place.k, place.v, place.new, group[0][1]))
-        else:
-            slots = [np.arange(p.new.start, p.new.stop) if isinstance(p.new, slice) else p.new for p, _ in group]
-            filled = [np.arange(r.start, r.stop) for _, r in group]
-            out.append((place.k, place.v, np.concatenate(slots), np.concatenate(filled)))
-    return out
-
-
-def placement(cache: KVCache | PagedCache, n: int) -> Placement:
-    """The Placement of n new positions after a cache's: a KVCache's are one contiguous run (to the
-    end of its last page, if the cache has room), a pool's follow its page table."""
-    start, end = cache.length, cache.length + n
-    if isinstance(cache, KVCache):
-        whole = PAGE * pages_for(end)
-        return Placement(cache.k, cache.v, slice(start, end), end, [(0, whole if whole <= cache.capacity else end)])
-    return Placement(cache.pool.k, cache.pool.v, cache.slots(start, end), end, cache.runs(end))
-
-
-def clear_page_tail(cache: KVCache | PagedCache, end: int) -> None:
-    """Zero the slots of positions end .. the end of their page if one holds anything but zero bits
-    (a length set back by hand, a forward stopped midway): the exact kernels read a sequence's last
-    page whole, those slots included (minigpt.exact.kernels, point 4). Model.forward does it before each
-    forward; the library's own loops never leave anything there."""
-    stop = min(cache.capacity, PAGE * pages_for(end))
-    if end >= stop:
-        return
-    if isinstance(cache, KVCache):
-        k, v, slots = cache.k, cache.v, slice(end, stop)
-    else:
-        k, v, slots = cache.pool.k, cache.pool.v, cache.slots(end, stop)  # within one page: a slice
-    if np.count_nonzero(v[:, slots].view(np.uint32)) or np.count_nonzero(k[:, slots].view(np.uint32)):
-        k[:, slots], v[:, slots] = 0, 0
-
-
-def batch_attend(layer: int, placements: list[Placement], rows: list[slice], stores: list[Write],
-                 kernels: Kernels) -> Callable:
-    """The attend of `layer` for a batch: the new keys and values written where `stores` (`writes`)
-    says, then every sequence's queries attend to their own keys, in one call of the kernels."""
-    def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, N, hd] each
-        k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [N, H, hd]: a row per position, as stored
-        for k_store, v_store, slots, r in stores:
-            k_store[layer][slots], v_store[layer][slots] = k[r], v[r]
-        parts = [Queries(r, place.length, place.segments(layer)) for place, r in zip(placements, rows)]
-        return attend_batch(kernels, q, parts)  # [H, N, hd]
-    return attend
-
-
-def forward_batch(gpt: GPT2, ids_list: list, caches: list, keep: list[int]) -> list[np.ndarray]:
-    """One forward over several sequences, each continuing its own cache (a pool's PagedCache or a
-    KVCache) with its own ids: every weight is read once for all of them (docs/batching.md).
-    Returns each sequence's logits, as forward_cached would with logits_to_keep=keep[i] (0: all
-    rows): [T_i or keep[i], vocab]."""
-    sizes = [len(ids) for ids in ids_list]
-    edges = list(accumulate(sizes, initial=0))
-    rows = [slice(a, b) for a, b in zip(edges, edges[1:])]
-    placements = [placement(cache, n) for cache, n in zip(caches, sizes)]  # once, for every layer
-    stores = writes(placements, rows)
-    x = np.concatenate([embed(gpt.params, ids, cache.length) for ids, cache in zip(ids_list, caches)])  # [N, C]
-    for layer, p in enumerate(gpt.params.h):
-        attend = batch_attend(layer, placements, rows, stores, gpt.kernels)
-        x = block(x, p, gpt.config, attend, gpt.kernels.linear)  # [N, C]
-    for cache, n in zip(caches, sizes):
-        cache.length += n
-    kept = [min(n, k) if k else n for n, k in zip(sizes, keep)]
-    x = x[np.concatenate([np.arange(r.stop - n, r.stop) for r, n in zip(rows, kept)])]  # [kept rows, C]
-    return np.split(lm_head(gpt, x), np.cumsum(kept)[:-1])

@@ -25,7 +25,7 @@ Source: Inference Engineering (fanout.sh, inference-eng): the second fix of "The
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import enum
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -34,14 +34,20 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..gpt2.forward import GPT2
-from .paging import PAGE, PageKey, PagedCache, PagePool, PageScores, forward_batch
+from .paging import PAGE, PageKey, PagedCache, PagePool, PageScores, chained_hashes, page_hash, page_tokens
+from .batched import forward_batch
 from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
 from ..loop.sequence import GenerationResult, Request, Sequence, check_finite
 
 
-def page_hash(parent: bytes, tokens: tuple[int, ...]) -> bytes:
-    """The chained hash of a full page: its parent page's hash and its own token ids."""
-    return hashlib.blake2b(parent + np.asarray(tokens, np.int64).tobytes(), digest_size=16).digest()
+class Status(enum.Enum):
+    """Where a job is: QUEUED -> PREFILL -> RUNNING (-> PREEMPTED -> RUNNING ...); CANCELLED at any time."""
+
+    QUEUED = "queued"  # submitted, never computed
+    PREFILL = "prefill"  # admitted for the first time: this step computes its prompt (and scores it)
+    RUNNING = "running"  # computed, in the batch
+    PREEMPTED = "preempted"  # computed once, its pages given back: waiting to be recomputed
+    CANCELLED = "cancelled"  # asked to stop: it leaves at the next step
 
 
 @dataclass(eq=False)
@@ -55,17 +61,21 @@ class Job:
     hashes: list[bytes] = field(default_factory=list)  # of its full pages in the prefix cache, in order
     cached_tokens: int = 0  # prompt positions whose keys and values came from the prefix cache
     scores: list = field(default_factory=list)  # per prompt position: (logprob, top) or None
-    prefilled: bool = False
-    cancelled: bool = False
+    status: Status = Status.QUEUED
 
     @property
     def scoring(self) -> bool:
         """It still needs its prompt's scores."""
-        return self.prompt_logprobs and not self.prefilled
+        return self.prompt_logprobs and self.status in (Status.QUEUED, Status.PREFILL)
+
+    @property
+    def prefilled(self) -> bool:
+        """Its prompt was computed (and scored, if asked) in a step that completed."""
+        return self.status in (Status.RUNNING, Status.PREEMPTED)
 
     @property
     def finished(self) -> bool:
-        return self.cancelled or self.seq.done and not self.scoring
+        return self.status is Status.CANCELLED or self.seq.done and not self.scoring
 
     def result(self) -> GenerationResult:
         logprobs = [None if s is None else s[0] for s in self.scores] if self.prompt_logprobs else None
@@ -95,7 +105,7 @@ class Scheduler:
 
     def cancel(self, job: Job) -> None:
         """Stop a request: at the next step it leaves, its pages back in the pool."""
-        job.cancelled = True
+        job.status = Status.CANCELLED
 
     def stats(self) -> dict:
         pool = self.pool
@@ -119,7 +129,7 @@ class Scheduler:
                 yield from finished
         finally:
             for job in [*self.inbox, *self.waiting, *self.running]:
-                job.cancelled = True
+                job.status = Status.CANCELLED
             self.step()
 
     def step(self) -> tuple[list[Job], int]:
@@ -152,7 +162,8 @@ class Scheduler:
                 produced += 1
             if self.prefix_cache:
                 self._register(job, rows)
-            job.prefilled = True
+            if job.status is Status.PREFILL:
+                job.status = Status.RUNNING
         for job in [job for job in jobs if job.finished]:
             self._leave(job)
             finished.append(job)
@@ -163,7 +174,12 @@ class Scheduler:
             self.running.remove(job)
         if job in self.waiting:
             self.waiting.remove(job)
+        self._release(job)
+
+    def _release(self, job: Job) -> None:
+        """Give back a job's pages: it holds no place in the prefix cache any more."""
         self.pool.release(job.cache)
+        job.hashes = []
 
     def _make_room(self) -> bool:
         """Pages for every running sequence's next position, preempting the newest while the pool is
@@ -174,8 +190,8 @@ class Scheduler:
                 continue
             while not self.pool.grow(job.cache, job.cache.length + 1):
                 victim = self.running.pop()
-                self.pool.release(victim.cache)
-                victim.hashes = []
+                self._release(victim)
+                victim.status = Status.PREEMPTED if victim.status is Status.RUNNING else Status.QUEUED
                 victim.seq.preemptions += 1
                 self.preemptions += 1
                 self.waiting.appendleft(victim)
@@ -197,37 +213,32 @@ class Scheduler:
             if self.prefix_cache:
                 self._take_cached(job, ids, hashes)
                 if len(job.hashes) < len(hashes) and hashes[len(job.hashes)] in pending:
-                    self.pool.release(job.cache)  # its next page is being computed: take it next step
-                    job.hashes = []
+                    self._release(job)  # its next page is being computed: take it next step
                     continue
             if not self.pool.grow(job.cache, len(ids)):
-                self.pool.release(job.cache)
-                job.hashes = []
+                self._release(job)
                 return
             self.waiting.remove(job)
             self.running.append(job)
+            job.status = Status.PREFILL if job.status is Status.QUEUED else Status.RUNNING
             pending.update(hashes[len(job.hashes):])
 
     def _page_hashes(self, ids: list[int]) -> list[bytes]:
         """The chained hashes of the full pages of ids before its last id (which is always fed: its
         logits choose the next token)."""
-        hashes, parent = [], self.root
-        for i in range((len(ids) - 1) // PAGE):
-            parent = page_hash(parent, tuple(ids[i * PAGE:(i + 1) * PAGE]))
-            hashes.append(parent)
-        return hashes
+        return chained_hashes(self.root, ids, 0, (len(ids) - 1) // PAGE)
 
     def _take_cached(self, job: Job, ids: list[int], hashes: list[bytes]) -> None:
         """Give the job the cached pages its ids begin with (with scores, if it needs them)."""
         for i, h in enumerate(hashes):
-            page = self.pool.lookup(h, tuple(ids[i * PAGE:(i + 1) * PAGE]))
+            page = self.pool.lookup(h, page_tokens(ids, i))
             scores = None if page is None else self.pool.keys[page].scores
             if page is None or job.scoring and (scores is None or scores.top_n < job.seq.request.top_logprobs):
                 break
             self.pool.share(job.cache, page)
             job.hashes.append(h)
         job.cache.length = len(job.hashes) * PAGE
-        if not job.prefilled:
+        if job.status is Status.QUEUED:
             job.cached_tokens = job.cache.length
             self.cached_token_hits += job.cache.length
 
@@ -248,10 +259,9 @@ class Scheduler:
     def _register(self, job: Job, rows: np.ndarray) -> None:
         """Put the job's newly full pages into the prefix cache, with their scores when this step
         computed them (a scoring prefill of the page's positions)."""
-        ids, start = job.seq.ids, job.cache.length - len(rows)
-        for i in range(len(job.hashes), job.cache.length // PAGE):
-            tokens = tuple(ids[i * PAGE:(i + 1) * PAGE])
-            h = page_hash(job.hashes[-1] if job.hashes else self.root, tokens)
+        ids, start, first, stop = job.seq.ids, job.cache.length - len(rows), len(job.hashes), job.cache.length // PAGE
+        for i, h in zip(range(first, stop), chained_hashes(job.hashes[-1] if job.hashes else self.root, ids, first, stop)):
+            tokens = page_tokens(ids, i)
             job.hashes.append(h)
             scores = None
             if job.scoring and i * PAGE >= start and (i + 1) * PAGE <= len(job.seq.request.prompt):

@@ -208,7 +208,7 @@ def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarra
     rows at the same stride (with a head of fewer than four numbers, OpenBLAS's sums depend on it too).
     Keys laid out otherwise (the forward's, inside its qkv) are copied into that layout. Runs that
     end at a page's end are taken as they are, their slots past S zeros (the caches keep them so:
-    paging.clear_page_tail); keys that end inside a page have that page, cut at S, copied into a
+    batched.clear_page_tail); keys that end inside a page have that page, cut at S, copied into a
     page of zeros. Either way a slot past S changes no bit."""
     runs, held = [], 0
     for k, v in segments:

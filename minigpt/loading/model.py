@@ -1,7 +1,7 @@
 """`Model`: a GPT-2 with its forwards checked at the boundary, as scripts call them.
 
 `model.forward(ids)` is gpt2.forward, `model.forward(ids, cache)` kv_cache.forward_cached and
-`model.forward_batch` paging.forward_batch, each after minigpt.loading.checks has looked at what it is
+`model.forward_batch` batched.forward_batch, each after minigpt.loading.checks has looked at what it is
 given, and with one isfinite over the logits: an overflow is a NumericalError naming the layer
 where it began (tracing.first_non_finite).
 """
@@ -23,7 +23,7 @@ from ..gpt2.forward import GPT2, forward
 from ..exact.kernels import EXACT
 from ..cache.kv_cache import KVCache, forward_cached, new_cache
 from ..gpt2.layers import Kernels
-from ..engine.paging import clear_page_tail, forward_batch
+from ..engine.batched import clear_page_tail, forward_batch
 from ..loop.sequence import check_finite
 from ..exact.tracing import first_non_finite
 

@@ -24,7 +24,8 @@ from minigpt.exact.kernels import FAST, Queries, attend_batch, threads as blas_t
 from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.loading.loader import load
 from minigpt.loading.model import Model
-from minigpt.engine.paging import PAGE, pages_for, placement
+from minigpt.engine.batched import placement
+from minigpt.engine.paging import PAGE, pages_for
 from minigpt.exact.tuning import MIB, cache_bytes
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
@@ -137,7 +138,7 @@ def products(linear: Callable, rows: int, head_rows: int | None = None) -> Calla
 
 def attention_alone(model: Model, lengths: list[int], queries: int = 1) -> Callable[[], float]:
     """A run of a forward's attention alone, its layers in sequence, through the model's kernels as
-    paging.forward_batch calls them: one sequence per entry of `lengths`, each that many positions
+    batched.forward_batch calls them: one sequence per entry of `lengths`, each that many positions
     long (their keys and values from a forward, in a cache with room to the end of its last page, as
     a pool's pages give), its last `queries` positions the new ones. No products, no LayerNorm.
     Returns its seconds."""

@@ -1,4 +1,4 @@
-"""The engine's forward is part 1's: paging.forward_batch, over sequences scattered in a page
+"""The engine's forward is part 1's: batched.forward_batch, over sequences scattered in a page
 pool and fed in chunks beside each other, gives every sequence bitwise gpt2.forward's logits."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from bits import assert_same_bits
 from strategies import models, token_ids
 
 from minigpt.gpt2.forward import forward
-from minigpt.engine.paging import PAGE, PagePool, forward_batch, pages_for
+from minigpt.engine.batched import forward_batch
+from minigpt.engine.paging import PAGE, PagePool, pages_for
 
 
 @given(st.data())

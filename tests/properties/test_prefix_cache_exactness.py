@@ -92,7 +92,7 @@ def prompts_of_repeated_pages(draw, config) -> list[list[int]]:
     page is often another's later page, or the same page after another prefix), each with a tail."""
     blocks = [draw(st.lists(st.integers(0, config.vocab_size - 1), min_size=PAGE, max_size=PAGE), label="block")
               for _ in range(draw(st.integers(1, 3), label="blocks"))]
-    most = (config.n_positions - 1) // PAGE  # whole pages that leave room for a tail of one
+    most = (config.n_positions - 2) // PAGE  # whole pages that leave room for a tail of one
     prompts = []
     for _ in range(draw(st.integers(2, 5), label="prompts")):
         chosen = draw(st.lists(st.sampled_from(blocks), min_size=1, max_size=most), label="pages")

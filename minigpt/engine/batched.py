@@ -1,0 +1,119 @@
+"""The batched forward: several sequences' new positions through the weights together, each
+attending to its own keys and values only, every weight read once for all of them (docs/batching.md).
+
+The exact kernels read a sequence's keys in place, in runs of consecutive pages (PagedCache.runs,
+a forward's Placement); their bits do not depend on where the runs break (minigpt.exact.kernels,
+point 4), so a paged, batched sequence gets bitwise gpt2.forward's logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Callable
+
+import numpy as np
+
+from ..gpt2.forward import GPT2, embed, lm_head
+from ..exact.kernels import PAGE, Queries, Segments, attend_batch
+from ..cache.kv_cache import KVCache
+from ..gpt2.layers import Kernels, block
+from .paging import PagedCache, pages_for
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """Where one sequence's keys and values lie for one forward, the same in every layer: the store,
+    the slots its new positions go to, and the slot ranges of every position so far."""
+
+    k: np.ndarray  # [n_layer, slots, H, hd]
+    v: np.ndarray
+    new: np.ndarray | slice  # the new positions' slots
+    length: int  # positions so far, the new ones included
+    runs: list[tuple[int, int]]  # the whole pages of positions 0 .. length-1, in order
+
+    def segments(self, layer: int) -> Segments:
+        """The keys and values of every position so far, head by head: views [H, n, hd] of the store."""
+        return [(self.k[layer, a:b].transpose(1, 0, 2), self.v[layer, a:b].transpose(1, 0, 2)) for a, b in self.runs]
+
+
+Write = tuple[np.ndarray, np.ndarray, np.ndarray | slice, np.ndarray | slice]  # k and v stores, slots, rows
+
+
+def writes(placements: list[Placement], rows: list[slice]) -> list[Write]:
+    """Where a forward's new keys and values go, one write per store (a pool's, for all its sequences
+    at once): (its k and v stores [n_layer, slots, H, hd], the slots written, the forward's rows
+    that fill them)."""
+    by_store: dict[int, list[tuple[Placement, slice]]] = {}
+    for place, r in zip(placements, rows):
+        by_store.setdefault(id(place.k), []).append((place, r))
+    out = []
+    for group in by_store.values():
+        place = group[0][0]
+        if len(group) == 1:
+            out.append((place.k, place.v, place.new, group[0][1]))
+        else:
+            slots = [np.arange(p.new.start, p.new.stop) if isinstance(p.new, slice) else p.new for p, _ in group]
+            filled = [np.arange(r.start, r.stop) for _, r in group]
+            out.append((place.k, place.v, np.concatenate(slots), np.concatenate(filled)))
+    return out
+
+
+def placement(cache: KVCache | PagedCache, n: int) -> Placement:
+    """The Placement of n new positions after a cache's: a KVCache's are one contiguous run (to the
+    end of its last page, if the cache has room), a pool's follow its page table."""
+    start, end = cache.length, cache.length + n
+    if isinstance(cache, KVCache):
+        whole = PAGE * pages_for(end)
+        return Placement(cache.k, cache.v, slice(start, end), end, [(0, whole if whole <= cache.capacity else end)])
+    return Placement(cache.pool.k, cache.pool.v, cache.slots(start, end), end, cache.runs(end))
+
+
+def clear_page_tail(cache: KVCache | PagedCache, end: int) -> None:
+    """Zero the slots of positions end .. the end of their page if one holds anything but zero bits
+    (a length set back by hand, a forward stopped midway): the exact kernels read a sequence's last
+    page whole, those slots included (minigpt.exact.kernels, point 4). Model.forward does it before each
+    forward; the library's own loops never leave anything there."""
+    stop = min(cache.capacity, PAGE * pages_for(end))
+    if end >= stop:
+        return
+    if isinstance(cache, KVCache):
+        k, v, slots = cache.k, cache.v, slice(end, stop)
+    else:
+        k, v, slots = cache.pool.k, cache.pool.v, cache.slots(end, stop)  # within one page: a slice
+    if np.count_nonzero(v[:, slots].view(np.uint32)) or np.count_nonzero(k[:, slots].view(np.uint32)):
+        k[:, slots], v[:, slots] = 0, 0
+
+
+def batch_attend(layer: int, placements: list[Placement], rows: list[slice], stores: list[Write],
+                 kernels: Kernels) -> Callable:
+    """The attend of `layer` for a batch: the new keys and values written where `stores` (`writes`)
+    says, then every sequence's queries attend to their own keys, in one call of the kernels."""
+    def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, N, hd] each
+        k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [N, H, hd]: a row per position, as stored
+        for k_store, v_store, slots, r in stores:
+            k_store[layer][slots], v_store[layer][slots] = k[r], v[r]
+        parts = [Queries(r, place.length, place.segments(layer)) for place, r in zip(placements, rows)]
+        return attend_batch(kernels, q, parts)  # [H, N, hd]
+    return attend
+
+
+def forward_batch(gpt: GPT2, ids_list: list, caches: list, keep: list[int]) -> list[np.ndarray]:
+    """One forward over several sequences, each continuing its own cache (a pool's PagedCache or a
+    KVCache) with its own ids: every weight is read once for all of them (docs/batching.md).
+    Returns each sequence's logits, as forward_cached would with logits_to_keep=keep[i] (0: all
+    rows): [T_i or keep[i], vocab]."""
+    sizes = [len(ids) for ids in ids_list]
+    edges = list(accumulate(sizes, initial=0))
+    rows = [slice(a, b) for a, b in zip(edges, edges[1:])]
+    placements = [placement(cache, n) for cache, n in zip(caches, sizes)]  # once, for every layer
+    stores = writes(placements, rows)
+    x = np.concatenate([embed(gpt.params, ids, cache.length) for ids, cache in zip(ids_list, caches)])  # [N, C]
+    for layer, p in enumerate(gpt.params.h):
+        attend = batch_attend(layer, placements, rows, stores, gpt.kernels)
+        x = block(x, p, gpt.config, attend, gpt.kernels.linear)  # [N, C]
+    for cache, n in zip(caches, sizes):
+        cache.length += n
+    kept = [min(n, k) if k else n for n, k in zip(sizes, keep)]
+    x = x[np.concatenate([np.arange(r.stop - n, r.stop) for r, n in zip(rows, kept)])]  # [kept rows, C]
+    return np.split(lm_head(gpt, x), np.cumsum(kept)[:-1])
