@@ -22,7 +22,7 @@ from .kernels import FAST
 from ..cache.kv_cache import KVCache, forward_cached, new_cache
 from ..gpt2.layers import merge_heads
 from ..loop.sequence import check_finite
-from .tracing import Trace, traced_forward
+from .tracing import Trace, layer_names, traced_forward
 
 # The four checks, numbered 1 to 4 in docs/exactness.md, and the verdict columns of a Row: the three
 # quantities of check 1, then checks 2 to 4.
@@ -80,15 +80,10 @@ def compare(check: str, step: int, layer: str, quantity: str, a: np.ndarray, b: 
 # ------------------------------------------------------------- what one forward computed
 
 
-def layer_names(config: GPT2Config) -> list[str]:
-    """The names of Trace.hidden's entries, in order."""
-    return ["embeddings", *(f"block {i}" for i in range(config.n_layer)), "ln_f"]
-
-
 def snapshot(config: GPT2Config, trace: Trace) -> dict[tuple[str, str], np.ndarray]:
     """(layer, quantity) -> [T, width] for the T positions a traced forward computed, in the order it
     computed them: embeddings, then per block its K, V and output, then ln_f."""
-    names = layer_names(config)
+    names = layer_names(config.n_layer)
     snap = {(names[0], "hidden"): trace.hidden[0]}
     for i, hidden in enumerate(trace.hidden[1:-1]):
         snap[(names[i + 1], "K")] = trace.keys[i]
@@ -150,7 +145,7 @@ def old_positions_unchanged(step: int, now: dict, before: dict | None) -> list[C
 def masked_weights(config: GPT2Config, step: int, trace: Trace, start: int) -> list[Comparison]:
     """Check 2: each layer's attention weights on future keys (key > query) against exact +0.0."""
     comparisons = []
-    for name, weights in zip(layer_names(config)[1:-1], trace.weights):  # [H, T, start + T]
+    for name, weights in zip(layer_names(config.n_layer)[1:-1], trace.weights):  # [H, T, start + T]
         _, T, S = weights.shape
         future = np.arange(S) > (start + np.arange(T))[:, None]  # [T, S]
         on_future = merge_heads(np.where(future, weights, np.float32(0.0)))  # [H, T, S] -> [T, H*S]
@@ -242,7 +237,7 @@ class Row:
 
 def rows_of(config: GPT2Config, comparisons: tuple[Comparison, ...]) -> tuple[Row, ...]:
     rows = []
-    for layer in [*layer_names(config), "logits"]:
+    for layer in [*layer_names(config.n_layer), "logits"]:
         mine = [c for c in comparisons if c.layer == layer]
         verdicts = dict.fromkeys(COLUMNS)
         for c in mine:

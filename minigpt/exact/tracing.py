@@ -58,7 +58,12 @@ def recording(attend: Callable, gpt: GPT2, trace: Trace, cache: KVCache | None, 
     return attend_and_record
 
 
-LAYER_NAMES = ("the embeddings (wte + wpe)", "block {} (h.{})", "the final LayerNorm (ln_f)")
+def layer_names(n_layer: int, long: bool = False) -> list[str]:
+    """The names of Trace.hidden's entries, in order: short ("block 3"), or long, as an error names
+    them with their checkpoint tensors ("block 3 (h.3)")."""
+    if long:
+        return ["the embeddings (wte + wpe)", *(f"block {i} (h.{i})" for i in range(n_layer)), "the final LayerNorm (ln_f)"]
+    return ["embeddings", *(f"block {i}" for i in range(n_layer)), "ln_f"]
 
 
 def first_non_finite(gpt: GPT2, ids, cache: KVCache | None = None) -> str:
@@ -72,6 +77,6 @@ def first_non_finite(gpt: GPT2, ids, cache: KVCache | None = None) -> str:
     finally:  # an error or Ctrl-C midway too
         if cache is not None:
             cache.length = start
-    names = [LAYER_NAMES[0], *(LAYER_NAMES[1].format(i, i) for i in range(gpt.config.n_layer)), LAYER_NAMES[2]]
-    return next((name for name, x in zip(names, trace.hidden) if not np.isfinite(x).all()),
+    return next((name for name, x in zip(layer_names(gpt.config.n_layer, long=True), trace.hidden)
+                 if not np.isfinite(x).all()),
                 "the LM head (the logits, wte)")
