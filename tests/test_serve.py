@@ -328,7 +328,7 @@ def test_a_failed_step_still_answers_a_request_that_left_the_engine_at_its_start
     for another request: it gets its answer, the other its error, and the engine thread goes idle
     and stops (no ticket left behind, no step after step with nothing to do)."""
     from minigpt.scripted.api import make_request
-    from minigpt.scripted.serve import EngineThread, Ticket
+    from minigpt.scripted.engine_thread import EngineThread, Ticket
 
     fail_steps_feeding(7777, monkeypatch)
     updates = {}

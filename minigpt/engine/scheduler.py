@@ -113,6 +113,14 @@ class Scheduler:
                 "pages_free": int(pool.free.sum()), "cached_token_hits": self.cached_token_hits,
                 "evictions": pool.evictions, "preemptions": self.preemptions}
 
+    def in_batch(self) -> list[Job]:
+        """The jobs of the running batch, oldest first (a copy)."""
+        return list(self.running)
+
+    def queued(self) -> list[Job]:
+        """The jobs waiting for a place or for pages, next first (a copy)."""
+        return list(self.waiting)
+
     def pending(self) -> bool:
         """Jobs are submitted, waiting or running: a step has work (if only to let cancelled ones leave)."""
         return bool(self.inbox or self.waiting or self.running)

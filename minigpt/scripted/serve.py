@@ -1,13 +1,10 @@
 """`python -m minigpt serve`: OpenAI's completions API over HTTP, on one Engine that every request shares.
 
-Two sides, two threads. The engine thread alone drives the Engine: it submits the requests handed
-to it, cancels those whose client left, runs `step()` in a loop (continuous batching over everything
-in flight) and after each step hands every choice that progressed an Update: its newly released
-tokens, or its result. The HTTP side (Starlette on uvicorn's event loop) only checks a body
-(minigpt.scripted.completions), hands its choices over, and writes the Updates back as one JSON answer or as
-server-sent events. An error inside a step fails that step's requests with a 500 and is logged; the
-loop goes on. With the exact kernels every answer is bitwise `minigpt.generate`'s for that prompt
-alone (docs/serving.md explains why and how the tests check it).
+Two sides, two threads. The engine thread (minigpt.scripted.engine_thread) alone drives the Engine.
+The HTTP side (Starlette on uvicorn's event loop) only checks a body (minigpt.scripted.completions),
+hands its choices to the engine thread as Tickets, and writes the Updates it gets back as one JSON
+answer or as server-sent events. With the exact kernels every answer is bitwise `minigpt.generate`'s
+for that prompt alone (docs/serving.md explains why and how the tests check it).
 
 Needs the `serve` extra (starlette, uvicorn).
 """
@@ -20,13 +17,9 @@ import json
 import logging
 import socket
 import sys
-import threading
 import uuid
-from collections import deque
-from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
@@ -39,10 +32,10 @@ from .api import Engine
 from ..loading.checks import check_ids
 from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
                           encode_text, envelope, parse_json, usage_json)
-from ..engine.scheduler import Job
-from ..errors import InputError, MinigptError, NumericalError
-from ..loading.model import Model, overflow
-from ..loop.sequence import GenerationResult, Request, StreamedToken
+from .engine_thread import EngineThread, Ticket, Update
+from ..errors import InputError, MinigptError
+from ..loading.model import Model
+from ..loop.sequence import GenerationResult
 from ..loading.tokenizer import token_text
 
 log = logging.getLogger("minigpt.scripted.serve")
@@ -51,143 +44,6 @@ RETRY_AFTER_SECONDS = 1
 SHUTDOWN_GRACE_SECONDS = 3  # on SIGINT/SIGTERM, running requests get this long to finish, then are answered 503
 HEADER_SECONDS = 10  # a connection's request line and headers must arrive within this of it opening or being idle
 BODY_SECONDS = 30  # and its body within this of its headers
-IDLE_POLL_SECONDS = 0.5  # an idle engine thread wakes this often to see whether it should stop
-
-
-# ------------------------------------------------------------------------- the engine thread
-
-
-@dataclass
-class Update:
-    """What the engine thread tells a choice after a step: tokens released since the last Update,
-    a snapshot of its result (with its first Update, for echo, and with its last), or an error."""
-
-    index: int
-    records: list[StreamedToken]
-    result: GenerationResult | None = None
-    final: bool = False
-    error: APIError | None = None
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One choice on its way through the engine thread. `deliver` is called from that thread."""
-
-    index: int
-    request: Request
-    prompt_logprobs: bool
-    deliver: Callable[[Update], None]
-    cancelled: bool = False
-    job: Job | None = None  # the fields below: the engine thread's alone
-    sent: int = 0  # tokens already delivered
-    started: bool = False
-
-
-class EngineThread:
-    """The one thread that runs the Engine: tickets in through a deque, Updates out through callbacks."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.incoming: deque[Ticket] = deque()
-        self.tickets: dict[Job, Ticket] = {}
-        self.wake = threading.Event()
-        self.stopping = False
-        self.aborted: APIError | None = None  # set: every choice in flight or coming ends with this error
-        self.thread = threading.Thread(target=self.loop, name="minigpt-engine", daemon=True)
-
-    def submit(self, tickets: list[Ticket]) -> None:
-        """Hand choices to the engine (any thread)."""
-        self.incoming.extend(tickets)
-        self.wake.set()
-
-    def cancel(self, tickets: list[Ticket]) -> None:
-        """Stop choices whose client left (any thread); their pages go back to the pool at the next step."""
-        for ticket in tickets:
-            ticket.cancelled = True
-        self.wake.set()
-
-    def abort(self, error: APIError) -> None:
-        """End every choice in flight, and any handed over later, with `error` (any thread)."""
-        self.aborted = error
-        self.wake.set()
-
-    def stop(self) -> None:
-        """Cancel whatever is left, free its pages and end the thread."""
-        self.stopping = True
-        self.wake.set()
-        self.thread.join()
-
-    def loop(self) -> None:
-        while True:
-            self.wake.clear()
-            self.take_incoming()
-            for ticket in self.tickets.values():
-                if ticket.cancelled or self.stopping or self.aborted:
-                    self.engine.cancel(ticket.job)
-            if not self.tickets and not self.incoming and not self.engine.pending():
-                if self.stopping:
-                    return
-                self.wake.wait(IDLE_POLL_SECONDS)
-                continue
-            self.step()
-
-    def take_incoming(self) -> None:
-        while self.incoming:
-            ticket = self.incoming.popleft()
-            ticket.job = self.engine.submit(ticket.request, ticket.index, ticket.prompt_logprobs)
-            self.tickets[ticket.job] = ticket
-
-    def step(self) -> None:
-        """One engine step, then an Update for every choice that progressed or finished. An error
-        fails the choices of the step (500) and cancels them; the engine goes on."""
-        finished: list[Job] = []
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the NumericalError below
-                finished, _ = self.engine.step()
-            self.updates(finished)
-        except Exception as e:  # a fault of minigpt's, never of the request: logged, and the loop goes on
-            if isinstance(e, NumericalError) and e.sequence is not None:  # the weights overflow on its ids
-                log.warning("choice %s: the activations stopped being finite", e.sequence.index)
-                message = APIError(f"choice {e.sequence.index}: {overflow(self.engine.gpt, e, [])}", None,
-                                   "numerical_error", 500, "server_error")
-            else:
-                log.exception("an engine step failed; its requests are answered with a 500")
-                message = APIError(f"internal error in the engine step: {type(e).__name__}: {e}", None,
-                                   "internal_error", 500, "server_error")
-            self.finish([job for job in self.tickets if job.finished])  # ended before the fault: answered
-            ran = list(self.engine.running) or list(self.engine.waiting)  # those it ran, or tried to admit
-            for job in [*finished, *ran]:
-                if job in self.tickets:
-                    self.engine.cancel(job)
-                    self.tickets.pop(job).deliver(Update(job.index, [], final=True, error=message))
-
-    def finish(self, finished: list[Job]) -> None:
-        """Every finished choice its last Update: its result, or why it was cancelled before its end."""
-        for job in finished:
-            ticket = self.tickets.pop(job, None)
-            if ticket is None:
-                continue
-            result = job.result()
-            if result.finish_reason != "abort":
-                ticket.deliver(Update(job.index, job.seq.streamed(ticket.sent), result, final=True))
-            else:  # nobody reads a client's that left; a shutdown's is answered
-                ticket.deliver(Update(job.index, [], final=True, error=self.aborted or APIError(
-                    "cancelled: the client left", None, "cancelled", 499)))
-
-    def updates(self, finished: list[Job]) -> None:
-        """Every finished choice its last Update; every running one that released tokens (or was just
-        prefilled: echo needs its prompt's scores) an Update."""
-        self.finish(finished)
-        for job in self.engine.running:
-            ticket = self.tickets.get(job)
-            if ticket is None:  # failed in an earlier step: leaving at the next
-                continue
-            records = job.seq.streamed(ticket.sent)
-            first = not ticket.started and job.prefilled
-            if records or first:
-                ticket.sent += len(records)
-                ticket.started = True
-                ticket.deliver(Update(job.index, records, job.result() if first else None))
 
 
 # ------------------------------------------------------------------------------- HTTP side

@@ -1,0 +1,164 @@
+"""The engine thread: the one thread that drives a shared Engine while requests come and go.
+
+An Engine is driven from one thread at a time (EngineBusyError otherwise), and a server's requests
+arrive on another, each whenever its client sends it. So one thread owns the Engine: requests are
+handed to it as Tickets through a deque (from any thread), it submits them, cancels those whose
+client left, runs `step()` in a loop (continuous batching over everything in flight) and after each
+step hands every choice that progressed an Update through its ticket's callback: its newly released
+tokens, or its result. An error inside a step fails that step's choices and is logged; the loop
+goes on. The HTTP side that feeds it is minigpt.scripted.serve (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .api import Engine
+from .completions import APIError
+from ..engine.scheduler import Job
+from ..errors import NumericalError
+from ..loading.model import overflow
+from ..loop.sequence import GenerationResult, Request, StreamedToken
+
+log = logging.getLogger("minigpt.scripted.engine_thread")
+IDLE_POLL_SECONDS = 0.5  # an idle engine thread wakes this often to see whether it should stop
+
+
+
+@dataclass
+class Update:
+    """What the engine thread tells a choice after a step: tokens released since the last Update,
+    a snapshot of its result (with its first Update, for echo, and with its last), or an error."""
+
+    index: int
+    records: list[StreamedToken]
+    result: GenerationResult | None = None
+    final: bool = False
+    error: APIError | None = None
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One choice on its way through the engine thread. `deliver` is called from that thread."""
+
+    index: int
+    request: Request
+    prompt_logprobs: bool
+    deliver: Callable[[Update], None]
+    cancelled: bool = False
+    job: Job | None = None  # the fields below: the engine thread's alone
+    sent: int = 0  # tokens already delivered
+    started: bool = False
+
+
+class EngineThread:
+    """The one thread that runs the Engine: tickets in through a deque, Updates out through callbacks."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.incoming: deque[Ticket] = deque()
+        self.tickets: dict[Job, Ticket] = {}
+        self.wake = threading.Event()
+        self.stopping = False
+        self.aborted: APIError | None = None  # set: every choice in flight or coming ends with this error
+        self.thread = threading.Thread(target=self.loop, name="minigpt-engine", daemon=True)
+
+    def submit(self, tickets: list[Ticket]) -> None:
+        """Hand choices to the engine (any thread)."""
+        self.incoming.extend(tickets)
+        self.wake.set()
+
+    def cancel(self, tickets: list[Ticket]) -> None:
+        """Stop choices whose client left (any thread); their pages go back to the pool at the next step."""
+        for ticket in tickets:
+            ticket.cancelled = True
+        self.wake.set()
+
+    def abort(self, error: APIError) -> None:
+        """End every choice in flight, and any handed over later, with `error` (any thread)."""
+        self.aborted = error
+        self.wake.set()
+
+    def stop(self) -> None:
+        """Cancel whatever is left, free its pages and end the thread."""
+        self.stopping = True
+        self.wake.set()
+        self.thread.join()
+
+    def loop(self) -> None:
+        while True:
+            self.wake.clear()
+            self.take_incoming()
+            for ticket in self.tickets.values():
+                if ticket.cancelled or self.stopping or self.aborted:
+                    self.engine.cancel(ticket.job)
+            if not self.tickets and not self.incoming and not self.engine.pending():
+                if self.stopping:
+                    return
+                self.wake.wait(IDLE_POLL_SECONDS)
+                continue
+            self.step()
+
+    def take_incoming(self) -> None:
+        while self.incoming:
+            ticket = self.incoming.popleft()
+            ticket.job = self.engine.submit(ticket.request, ticket.index, ticket.prompt_logprobs)
+            self.tickets[ticket.job] = ticket
+
+    def step(self) -> None:
+        """One engine step, then an Update for every choice that progressed or finished. An error
+        fails the choices of the step (500) and cancels them; the engine goes on."""
+        finished: list[Job] = []
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the NumericalError below
+                finished, _ = self.engine.step()
+            self.updates(finished)
+        except Exception as e:  # a fault of minigpt's, never of the request: logged, and the loop goes on
+            if isinstance(e, NumericalError) and e.sequence is not None:  # the weights overflow on its ids
+                log.warning("choice %s: the activations stopped being finite", e.sequence.index)
+                message = APIError(f"choice {e.sequence.index}: {overflow(self.engine.gpt, e, [])}", None,
+                                   "numerical_error", 500, "server_error")
+            else:
+                log.exception("an engine step failed; its requests are answered with a 500")
+                message = APIError(f"internal error in the engine step: {type(e).__name__}: {e}", None,
+                                   "internal_error", 500, "server_error")
+            self.finish([job for job in self.tickets if job.finished])  # ended before the fault: answered
+            ran = self.engine.in_batch() or self.engine.queued()  # those it ran, or tried to admit
+            for job in [*finished, *ran]:
+                if job in self.tickets:
+                    self.engine.cancel(job)
+                    self.tickets.pop(job).deliver(Update(job.index, [], final=True, error=message))
+
+    def finish(self, finished: list[Job]) -> None:
+        """Every finished choice its last Update: its result, or why it was cancelled before its end."""
+        for job in finished:
+            ticket = self.tickets.pop(job, None)
+            if ticket is None:
+                continue
+            result = job.result()
+            if result.finish_reason != "abort":
+                ticket.deliver(Update(job.index, job.seq.streamed(ticket.sent), result, final=True))
+            else:  # nobody reads a client's that left; a shutdown's is answered
+                ticket.deliver(Update(job.index, [], final=True, error=self.aborted or APIError(
+                    "cancelled: the client left", None, "cancelled", 499)))
+
+    def updates(self, finished: list[Job]) -> None:
+        """Every finished choice its last Update; every running one that released tokens (or was just
+        prefilled: echo needs its prompt's scores) an Update."""
+        self.finish(finished)
+        for job in self.engine.in_batch():
+            ticket = self.tickets.get(job)
+            if ticket is None:  # failed in an earlier step: leaving at the next
+                continue
+            records = job.seq.streamed(ticket.sent)
+            first = not ticket.started and job.prefilled
+            if records or first:
+                ticket.sent += len(records)
+                ticket.started = True
+                ticket.deliver(Update(job.index, records, job.result() if first else None))
