@@ -31,7 +31,7 @@ _EXPORTS = {  # name -> the module that defines it
     "StreamedToken": "loop.sequence", "Model": "loading.model", "encode": "loading.tokenizer",
     "gpt2_tokenizer": "loading.tokenizer", "load": "loading.loader", "generate": "scripted.api",
     "stream": "scripted.api", "generate_batch": "scripted.api", "Engine": "scripted.api", "score": "scripted.api",
-    "prove": "scripted.api",
+    "prove": "scripted.api", "inspect": "scripted.api",
     "MinigptError": "errors",
 }
 __all__ = [*_EXPORTS, "errors"]

@@ -19,10 +19,10 @@ from typing import Iterator
 
 from ..errors import MinigptError
 from ..loading.checks import with_truncate_hint
-from . import batch, cost, generate, prove, score, serve, staircase, tune
+from . import batch, cost, generate, inspect, prove, score, serve, staircase, tune
 from .common import Stream, UsageError
 
-COMMANDS = (generate, batch, score, prove, staircase, cost, tune, serve)
+COMMANDS = (generate, batch, score, prove, inspect, staircase, cost, tune, serve)
 
 
 class OutputError(MinigptError):

@@ -29,7 +29,9 @@ from ..loop.sequence import GenerationResult, Request
 from ..loading.tokenizer import valid_text
 from .common import (Stream, UsageError, add_model_options, add_sampling_options, check_option, encode_prompt,
                      input_chunks, json_text, load_model, positive_int, print_whole, top_logprobs_json, utf8_text)
+from . import pictures
 from .cost import binary
+from .staircase import check_plot_target, plot_path
 
 LINE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "top_logprobs")  # as in the epilog
 KEYS = ("id", "prompt", "prompt_ids", "prompt_logprobs", *LINE_OPTIONS)
@@ -110,10 +112,15 @@ def add_parser(sub) -> None:
                    help="compute every prompt in full: no keys and values are reused between prompts that begin "
                         "alike (with the exact kernels the results are the same either way)")
     add_sampling_options(p)
+    p.add_argument("--plot", type=plot_path, metavar="PATH",
+                   help="also draw the page pool over the run to PATH (matplotlib): pages in use, kept by the "
+                        "prefix cache and free at each step, preemptions and evictions marked")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        check_plot_target(args.plot)
     model = load_model(args)
     tokenizer = model.tokenizer  # now, before any work: text prompts, stop strings and the output's text need it
     check_option("--stop", check_stop, model, args.stop)  # an option's fault, not the first line's
@@ -122,8 +129,9 @@ def run(args: argparse.Namespace) -> int:
     clock = time.perf_counter()
     pending: dict[int, GenerationResult] = {}  # finished, waiting for the lines before them
     written = tokens = preemptions = cached = 0
+    samples: list[dict] = []  # the pool after each step, for --plot
     with output(args.output) as out, progress(len(requests)) as (bar, on_step), \
-            closing(engine.results(requests, scoring, on_step)) as finished:
+            closing(engine.results(requests, scoring, lambda n: (on_step(n), samples.append(engine.stats())))) as finished:
         for i, result in finished:  # in the order they finish
             bar.update(1)
             tokens, preemptions = tokens + len(result.tokens), preemptions + result.preemptions
@@ -133,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
                 print_whole(json_text(as_json(ids[written], pending.pop(written), tokenizer)), out)
                 written += 1
     seconds = time.perf_counter() - clock
+    if args.plot is not None and samples:
+        pictures.pool(samples, args.plot, f"{args.model}: {len(requests)} prompts, B = {engine.max_batch_size}, "
+                                          f"{pool.n_pages} pages of 16 positions")
     print(f"{len(requests)} requests, {tokens:,} tokens, {seconds:.3f} s, {tokens / seconds:,.1f} tokens/s, "
           f"peak {pool.peak_in_use:,} of {pool.n_pages:,} pages in use "
           f"({binary(pool.peak_in_use * pool.page_bytes)} of keys and values), {preemptions} preemptions, "

@@ -7,7 +7,9 @@ import dataclasses
 
 from ..scripted.api import prove
 from ..exact.causal_proof import COLUMNS, Comparison, Drift, Proof
+from . import pictures
 from .common import add_model_options, checked, encode_prompt, load_model, print_json, print_whole, table
+from .staircase import check_plot_target, plot_path
 
 DEFAULT_PROMPT = "The causal mask means that no position can see the future, so"  # 13 GPT-2 tokens
 
@@ -30,12 +32,20 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=checked(int, lambda v: v >= 2, ">= 2 (the proof compares consecutive steps)"),
                    default=8, help="new tokens to generate, at least 2 (default 8)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON document")
+    p.add_argument("--plot", type=plot_path, metavar="PATH",
+                   help="also draw the proof at a glance to PATH (matplotlib): per layer and step, the largest "
+                        "difference between the cached and the naive forward, for each kernel set")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        check_plot_target(args.plot)
     model = load_model(args)
     proof = prove(model, encode_prompt(model, args.prompt), args.steps)
+    if args.plot is not None:
+        pictures.proof(proof, args.plot, f"{args.model}: cached vs naive, {proof.prompt_len}-token prompt, "
+                                         f"{proof.steps} steps")
     if args.json:
         print_json(as_json(proof, args))
     else:

@@ -256,16 +256,24 @@ class Drift:
     max_abs: float
     scale_ulp: float
     tokens_equal: bool
+    grid: tuple[tuple[float, ...], ...]  # [layer, then logits][step]: cached vs naive hidden states, ULPs at scale
 
 
-def drift_of(kernels: str, checked: Checked) -> Drift:
+def drift_of(kernels: str, checked: Checked, n_layer: int, n_steps: int) -> Drift:
     first = {check: next((c for c in checked.comparisons if c.check == check and c.position is not None), None)
              for check in CHECKS}
 
     def largest(field: str):
         return max((getattr(c, field) for c in checked.comparisons), default=0)
 
-    return Drift(kernels, first, largest("max_ulp"), largest("max_abs"), largest("scale_ulp"), checked.tokens_equal)
+    cached = {}
+    for c in checked.comparisons:
+        if c.check == "cached" and c.quantity in ("hidden", "logits"):
+            cached[c.layer, c.step] = max(cached.get((c.layer, c.step), 0.0), c.scale_ulp)
+    grid = tuple(tuple(cached.get((layer, step), 0.0) for step in range(n_steps))
+                 for layer in [*layer_names(n_layer), "logits"])
+    return Drift(kernels, first, largest("max_ulp"), largest("max_abs"), largest("scale_ulp"), checked.tokens_equal,
+                 grid)
 
 
 @dataclass(frozen=True)
@@ -291,8 +299,10 @@ def prove(gpt: GPT2, prompt: list[int], n_steps: int = 8) -> Proof:
     """Run every check with the model's kernels and, for contrast, measure the fast kernels' drift.
     The prompt (checked ids) and the steps fit the context; n_steps >= 2 (checks compare consecutive steps)."""
     checked = check_all(gpt, prompt, n_steps)
-    drifts = [drift_of(gpt.kernels.name, checked)]
+    n_layer = gpt.config.n_layer
+    drifts = [drift_of(gpt.kernels.name, checked, n_layer, n_steps)]
     if gpt.kernels is not FAST:
-        drifts.append(drift_of(FAST.name, check_all(dataclasses.replace(gpt, kernels=FAST), prompt, n_steps)))
+        fast = check_all(dataclasses.replace(gpt, kernels=FAST), prompt, n_steps)
+        drifts.append(drift_of(FAST.name, fast, n_layer, n_steps))
     return Proof(gpt.kernels.name, len(prompt), n_steps, checked.tokens, rows_of(gpt.config, checked.comparisons),
                  work_of(len(prompt), n_steps), tuple(drifts))

@@ -11,18 +11,19 @@ from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
-from ..exact import causal_proof
+from ..exact import causal_proof, inspection
 from . import scoring
 from ..loading.checks import (check_ids, check_sampling, check_speculation, check_stop, check_stride, prepare_prompt,
                      with_truncate_hint)
-from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int, shown
+from ..errors import (ContextLengthError, EngineBusyError, InputError, MinigptError, NumericalError, check_bool,
+                      check_int, shown)
 from ..loop.loops import cached_steps, naive_steps
 from ..gpt2.forward import GPT2
 from ..loading.model import Model, check_model, overflow
 from ..engine.scheduler import Job, Scheduler
 from ..engine.paging import PAGE, PagePool, pages_for
 from ..loop.sampling import MAX_TOP_LOGPROBS
-from ..loop.sequence import GenerationResult, Request, Sequence, StreamedToken
+from ..loop.sequence import GenerationResult, Request, Sequence, StreamedToken, check_finite
 from ..engine.speculative import speculative_steps
 
 T = TypeVar("T")
@@ -337,7 +338,7 @@ def score(model: Model, ids, stride: int | None = None) -> np.ndarray:
         raise overflow(model, e, ids[:model.config.n_positions]) from None
 
 
-# ---------------------------------------------------------------------------------- proof
+# ------------------------------------------------------------------------- proof, inspection
 
 
 def prove(model: Model, prompt_ids, n_steps: int = 8) -> causal_proof.Proof:
@@ -350,3 +351,18 @@ def prove(model: Model, prompt_ids, n_steps: int = 8) -> causal_proof.Proof:
             return causal_proof.prove(model, prompt, n_steps)
     except NumericalError as e:
         raise overflow(model, e, prompt) from None
+
+
+def inspect(model: Model, ids) -> inspection.Inspection:
+    """inspection.inspect on checked token ids (1 to n_positions of them): one forward kept for a
+    reader, its attention per layer and head, its hidden states and the logit lens."""
+    ids = check_ids(ids, check_model(model).config.vocab_size).tolist()
+    if not 1 <= len(ids) <= model.config.n_positions:
+        raise ContextLengthError(f"inspect takes 1 to {model.config.n_positions} token ids (n_positions), got {len(ids)}")
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            found = inspection.inspect(model, ids)
+            check_finite(found.logits)
+            return found
+    except NumericalError as e:
+        raise overflow(model, e, ids) from None

@@ -1,0 +1,131 @@
+"""The pictures the commands draw (the `plot` extra, matplotlib, without pyplot): attention and the
+logit lens (`inspect --plot`), the proof at a glance (`prove --plot`) and the page pool over a run
+(`batch --plot`). Each takes the data a command computed and writes one image file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MinigptError
+from ..exact.causal_proof import Proof
+from ..exact.tracing import layer_names
+from ..loop.staircase import image_format
+
+
+def figure(width: float, height: float):
+    image_format("x.png")  # matplotlib is there, or one error naming the extra
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def save(fig, path: str | Path) -> None:
+    try:
+        fig.savefig(path, format=image_format(path))
+    except OSError as e:
+        raise MinigptError(f"cannot write the picture to {path}: {e.strerror or e}") from None
+
+
+def shown(token: str, width: int = 10) -> str:
+    """A token's text for a label: whitespace made visible, long ones cut."""
+    text = token.replace(" ", "\u00b7").replace("\n", "\u21b5").replace("\t", "\u21e5").replace("$", "\\$")
+    return text if len(text) <= width else text[:width - 1] + "\u2026"
+
+
+def attention(weights: np.ndarray, tokens: list[str], path: str | Path, title: str,
+              layers: list[int], heads: list[int]) -> None:
+    """A grid of heatmaps, one per (layer, head) asked for: weights [n_layer, n_head, T, T], row t
+    query t's weights over the keys, the future blank (exactly 0). A single map gets the tokens on its
+    axes."""
+    one = len(layers) == len(heads) == 1
+    size = 1.6 if not one else max(4.0, 0.35 * len(tokens) + 2)
+    fig = figure(size * len(heads) + 0.6, size * len(layers) + 0.6)
+    grid = fig.subplots(len(layers), len(heads), squeeze=False)
+    T = weights.shape[-1]
+    future = np.triu(np.ones((T, T), bool), 1)
+    for r, layer in enumerate(layers):
+        for c, head in enumerate(heads):
+            ax = grid[r, c]
+            ax.imshow(np.ma.masked_array(weights[layer, head], future), cmap="viridis", vmin=0, vmax=1)
+            if one:
+                labels = [shown(t) for t in tokens]
+                ax.set_xticks(range(T), labels, rotation=90, fontsize=8)
+                ax.set_yticks(range(T), labels, fontsize=8)
+                ax.set_xlabel("key (attended to)")
+                ax.set_ylabel("query")
+            else:
+                ax.set_xticks([])
+                ax.set_yticks([])
+            if r == 0 or one:
+                ax.set_title(f"head {head}" if not one else f"layer {layer}, head {head}", fontsize=8)
+            if c == 0 and not one:
+                ax.set_ylabel(f"layer {layer}", fontsize=8)
+    fig.suptitle(title, fontsize=10, parse_math=False)
+    save(fig, path)
+
+
+def logit_lens(ids: np.ndarray, probs: np.ndarray, tokens: list[str], text_of, path: str | Path,
+               title: str) -> None:
+    """The logit lens as a table: a row per layer (the embeddings at the bottom, the model's own
+    prediction at the top), a column per position, each cell its most likely next token, coloured by
+    that token's probability."""
+    L, T = ids.shape[:2]
+    fig = figure(max(5.0, 0.9 * T + 2), 0.35 * L + 1.8)
+    ax = fig.add_subplot()
+    image = ax.imshow(probs[:, :, 0], cmap="Blues", vmin=0, vmax=1, origin="lower", aspect="auto")
+    for layer in range(L):
+        for t in range(T):
+            p = probs[layer, t, 0]
+            ax.text(t, layer, shown(text_of(int(ids[layer, t, 0])), 8), ha="center", va="center", fontsize=7,
+                    color="white" if p > 0.6 else "black")
+    ax.set_xticks(range(T), [shown(t) for t in tokens], rotation=90, fontsize=8)
+    ax.set_yticks(range(L), layer_names(L - 1)[:L], fontsize=8)
+    ax.set_xlabel("position (its token); each cell: the next token predicted from that layer")
+    fig.colorbar(image, ax=ax, label="probability of the top token")
+    ax.set_title(title, fontsize=10, parse_math=False)
+    save(fig, path)
+
+
+def proof(found: Proof, path: str | Path, title: str) -> None:
+    """The proof at a glance: for each kernel set, a layer x step map of the largest difference between
+    the cached and the naive forward (in ULPs at the layer's scale): zeros for exact kernels."""
+    fig = figure(3.2 * len(found.drifts) + 1.2, 0.28 * len(found.drifts[0].grid) + 1.8)
+    axes = fig.subplots(1, len(found.drifts), squeeze=False)[0]
+    top = max(1.0, max(max(map(max, d.grid)) for d in found.drifts))
+    names = [*layer_names(len(found.drifts[0].grid) - 3), "logits"]
+    for ax, drift in zip(axes, found.drifts):
+        image = ax.imshow(np.array(drift.grid), cmap="magma_r", vmin=0, vmax=top, origin="lower", aspect="auto")
+        worst = max(map(max, drift.grid))
+        ax.set_title(f"{drift.kernels} kernels: " + ("every bit equal" if worst == 0 else f"up to {worst:.3g} ULP"),
+                     fontsize=9)
+        ax.set_xticks(range(found.steps), range(found.steps), fontsize=7)
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.set_xlabel("step")
+    fig.colorbar(image, ax=list(axes), label="cached - naive, ULPs at the layer's scale")
+    fig.suptitle(title, fontsize=10, parse_math=False)
+    save(fig, path)
+
+
+def pool(samples: list[dict], path: str | Path, title: str) -> None:
+    """The page pool over a run, one sample of Engine.stats() per step: pages held by running
+    sequences, kept by the prefix cache and free, stacked; each step that preempted or evicted marked."""
+    fig = figure(9, 3.6)
+    ax = fig.add_subplot()
+    steps = range(1, len(samples) + 1)
+    series = [[s["pages_in_use"] for s in samples], [s["pages_cached"] for s in samples],
+              [s["pages_free"] for s in samples]]
+    ax.stackplot(steps, *series, labels=["in use (running sequences)", "cached (prefix cache, nobody holds)", "free"],
+                 colors=["tab:blue", "tab:orange", "0.85"])
+    for key, marker, label in (("preemptions", "v", "preemption"), ("evictions", "x", "eviction")):
+        marked = [i + 1 for i in range(len(samples)) if samples[i][key] > (samples[i - 1][key] if i else 0)]
+        if marked:
+            ax.plot(marked, [samples[0]["pages_total"]] * len(marked), marker, color="black", linestyle="none",
+                    label=label, clip_on=False)
+    ax.set_xlabel("engine step")
+    ax.set_ylabel("pages")
+    ax.set_ylim(0, samples[0]["pages_total"] if samples else 1)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title(title, fontsize=10, parse_math=False)
+    save(fig, path)
