@@ -5,6 +5,8 @@ Modules, in reading order:
     scoring        the log-likelihood of a given text, in windows for long ones
     api            generate, stream, generate_batch, Engine, score, prove, inspect: checked, then run
     completions    OpenAI's completions API: a body checked into requests, results into its JSON
+    metrics        /metrics: the engine's state in Prometheus' text format, vLLM's names
     engine_thread  the one thread that drives a shared Engine while requests come and go
+    page           the page that watches it run (`/`), and /inspect, one head's attention
     serve          the HTTP server: bodies checked, choices handed to the engine thread, answers streamed
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -21,6 +22,7 @@ import numpy as np
 
 from .api import Engine
 from .completions import APIError
+from .metrics import Metrics
 from ..engine.scheduler import Job
 from ..errors import NumericalError
 from ..loading.model import overflow
@@ -28,7 +30,6 @@ from ..loop.sequence import GenerationResult, Request, StreamedToken
 
 log = logging.getLogger("minigpt.scripted.engine_thread")
 IDLE_POLL_SECONDS = 0.5  # an idle engine thread wakes this often to see whether it should stop
-
 
 
 @dataclass
@@ -55,13 +56,16 @@ class Ticket:
     job: Job | None = None  # the fields below: the engine thread's alone
     sent: int = 0  # tokens already delivered
     started: bool = False
+    arrived: float = 0.0  # time.monotonic() when the engine thread took it
+    counted: int = 0  # tokens already counted in the metrics
+    last: float = 0.0  # when the last of them was
 
 
 class EngineThread:
     """The one thread that runs the Engine: tickets in through a deque, Updates out through callbacks."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engine: Engine, metrics: Metrics):
+        self.engine, self.metrics = engine, metrics
         self.incoming: deque[Ticket] = deque()
         self.tickets: dict[Job, Ticket] = {}
         self.wake = threading.Event()
@@ -108,6 +112,7 @@ class EngineThread:
     def take_incoming(self) -> None:
         while self.incoming:
             ticket = self.incoming.popleft()
+            ticket.arrived = time.monotonic()
             ticket.job = self.engine.submit(ticket.request, ticket.index, ticket.prompt_logprobs)
             self.tickets[ticket.job] = ticket
 
@@ -118,6 +123,7 @@ class EngineThread:
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the NumericalError below
                 finished, _ = self.engine.step()
+            self.metrics.stepped()
             self.updates(finished)
         except Exception as e:  # a fault of minigpt's, never of the request: logged, and the loop goes on
             if isinstance(e, NumericalError) and e.sequence is not None:  # the weights overflow on its ids
@@ -141,6 +147,7 @@ class EngineThread:
             ticket = self.tickets.pop(job, None)
             if ticket is None:
                 continue
+            self.count(job, ticket)
             result = job.result()
             if result.finish_reason != "abort":
                 ticket.deliver(Update(job.index, job.seq.streamed(ticket.sent), result, final=True))
@@ -156,9 +163,21 @@ class EngineThread:
             ticket = self.tickets.get(job)
             if ticket is None:  # failed in an earlier step: leaving at the next
                 continue
+            self.count(job, ticket)
             records = job.seq.streamed(ticket.sent)
             first = not ticket.started and job.prefilled
             if records or first:
                 ticket.sent += len(records)
                 ticket.started = True
                 ticket.deliver(Update(job.index, records, job.result() if first else None))
+
+    def count(self, job: Job, ticket: Ticket) -> None:
+        """The metrics of the tokens a choice made since it was last counted."""
+        made = len(job.seq.tokens) - ticket.counted
+        if made <= 0:
+            return
+        now = time.monotonic()
+        if not ticket.counted:
+            self.metrics.first_tokens(len(job.seq.request.prompt), job.cached_tokens, ticket.arrived)
+        self.metrics.tokens(made, now - ticket.last if ticket.counted else 0.0)
+        ticket.counted, ticket.last = len(job.seq.tokens), now

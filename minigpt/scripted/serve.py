@@ -32,7 +32,9 @@ from .api import Engine
 from ..loading.checks import check_ids
 from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
                           encode_text, envelope, parse_json, usage_json)
+from . import page
 from .engine_thread import EngineThread, Ticket, Update
+from .metrics import Metrics
 from ..errors import InputError, MinigptError
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult
@@ -54,7 +56,8 @@ class Service:
 
     def __init__(self, model: Model, engine: Engine, served_name: str, max_queue: int):
         self.model, self.engine, self.served_name = model, engine, served_name
-        self.engine_thread = EngineThread(engine)
+        self.metrics = Metrics(engine, served_name)
+        self.engine_thread = EngineThread(engine, self.metrics)
         self.capacity = engine.max_batch_size + max_queue  # choices in flight: the running and the waiting
         self.in_flight = 0
         self.draining = False  # shutting down: new completions are refused (503)
@@ -71,7 +74,7 @@ class Service:
                   Route("/v1/chat/completions", self.chat, methods=["POST"]),
                   Route("/tokenize", self.tokenize, methods=["POST"]),
                   Route("/detokenize", self.detokenize, methods=["POST"]),
-                  Route("/tokenizer_info", self.tokenizer_info)]
+                  Route("/tokenizer_info", self.tokenizer_info), *page.routes(self)]
         return Starlette(routes=routes, lifespan=self.lifespan,
                          exception_handlers={404: self.not_found, 405: self.not_allowed, Exception: self.failed})
 
