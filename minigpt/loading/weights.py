@@ -36,8 +36,16 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
 
 def params_from_tensors(config: GPT2Config, t: dict[str, np.ndarray]) -> GPT2Params:
     """Assemble the dataclasses from name -> float32 array (names and shapes as in `expected_shapes`)."""
+    return params_taking(config, dict(t))
+
+
+def params_taking(config: GPT2Config, t: dict[str, np.ndarray]) -> GPT2Params:
+    """params_from_tensors, taking each linear weight out of `t` as it is transposed into a new array:
+    given the only reference to a checkpoint's arrays, the stored weights and their transposes never
+    all coexist, and loading peaks at the weights and one tensor more (docs/loading.md)."""
     def linear(prefix: str) -> Linear:
-        return Linear(np.ascontiguousarray(t[f"{prefix}.weight"].T), t[f"{prefix}.bias"])  # [in, out] -> [out, in]
+        stored = t.pop(f"{prefix}.weight")  # [in, out]
+        return Linear(np.ascontiguousarray(stored.T), t[f"{prefix}.bias"])  # -> [out, in]
 
     def norm(prefix: str) -> LayerNorm:
         return LayerNorm(t[f"{prefix}.weight"], t[f"{prefix}.bias"])
