@@ -17,10 +17,12 @@ def test_setup_cfg_ships_every_package_of_the_source_tree(monkeypatch):
     assert packages == in_tree
 
 
-def test_setup_cfg_ships_gpt2s_bpe_tables_and_their_licence(monkeypatch):
-    """The packaged tables are package data: a non-editable `pip install .` carries them."""
+def test_setup_cfg_ships_gpt2s_bpe_tables_their_licence_and_the_page(monkeypatch):
+    """The packaged tables and the server's page are package data: a non-editable `pip install .` carries them."""
     setupcfg = pytest.importorskip("setuptools.config.setupcfg", reason="setuptools reads setup.cfg here")
     monkeypatch.chdir(ROOT)
     shipped = set(setupcfg.read_configuration("setup.cfg")["options"]["package_data"]["minigpt"])
-    assert shipped == {"gpt2_bpe/encoder.json", "gpt2_bpe/vocab.bpe", "gpt2_bpe/LICENSE", "gpt2_bpe/README.md"}
-    assert all((ROOT / "minigpt" / name).is_file() for name in shipped)
+    assert shipped == {"gpt2_bpe/encoder.json", "gpt2_bpe/vocab.bpe", "gpt2_bpe/LICENSE", "gpt2_bpe/README.md",
+                       "scripted/page/*"}
+    assert all((ROOT / "minigpt" / name).is_file() for name in shipped - {"scripted/page/*"})
+    assert {p.name for p in (ROOT / "minigpt" / "scripted" / "page").iterdir()} == {"index.html", "page.css", "page.js"}

@@ -329,12 +329,14 @@ def test_a_failed_step_still_answers_a_request_that_left_the_engine_at_its_start
     and stops (no ticket left behind, no step after step with nothing to do)."""
     from minigpt.scripted.api import make_request
     from minigpt.scripted.engine_thread import EngineThread, Ticket
+    from minigpt.scripted.metrics import Metrics
 
     fail_steps_feeding(7777, monkeypatch)
     updates = {}
     tickets = [Ticket(0, make_request(model, ids, n), False, lambda u, name=name: updates.setdefault(name, []).append(u))
                for name, ids, n in (("failing", [7777, 1], 3), ("nothing to generate", [1, 2], 0))]
-    thread = EngineThread(minigpt.Engine(model, max_batch_size=4))
+    engine = minigpt.Engine(model, max_batch_size=4)
+    thread = EngineThread(engine, Metrics(engine, "random-tiny"))
     thread.submit(tickets)
     thread.thread.start()
     deadline = time.monotonic() + 30
