@@ -103,7 +103,7 @@ MUTANTS = [
     bug("preempt-the-oldest", "the newest running sequence is preempted first", "minigpt/engine/scheduler.py",
         "victim = self.running.pop()", "victim = self.running.pop(0)", "tests/test_batching.py", "tests/test_engine.py"),
     bug("speculative-accept-always", "a draft is accepted with probability min(1, p/q)", "minigpt/engine/speculative.py",
-        "if rng.random() * q_i[draft] < p[i, draft]:", "if rng.random() * q_i[draft] <= q_i[draft]:",
+        "if rng.random() * q[draft] < p[draft]:", "if rng.random() * q[draft] <= q[draft]:",
         "tests/test_speculative.py"),
     bug("speculative-keeps-rejected-keys", "the cache is cut back past the rejected drafts", "minigpt/engine/speculative.py",
         "cache.truncate(len(ids) + n_accepted)", "cache.truncate(len(ids) + n_accepted + 1)",
