@@ -122,7 +122,7 @@ MUTANTS = [
         "sampling=dataclasses.replace(request.sampling, seed=self.seed + j)",
         "sampling=dataclasses.replace(request.sampling, seed=self.seed)", "tests/test_serve.py"),
     bug("usage-counts-prompt-per-choice", "usage counts each prompt once", "minigpt/scripted/completions.py",
-        "firsts = results[::completion.n]", "firsts = results", "tests/test_serve.py"),
+        "firsts = results[::completion.best_of]", "firsts = results", "tests/test_serve.py"),
     bug("engine-takes-another-thread", "one engine is driven from one thread at a time", "minigpt/scripted/api.py",
         "            if not mine and self._driver is not None:", "            if False:",
         "tests/test_engine.py"),

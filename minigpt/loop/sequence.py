@@ -59,11 +59,15 @@ def positions_needed(prompt_len: int, max_new_tokens: int) -> int:
     return prompt_len + max(max_new_tokens, 1) - 1
 
 
-def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
-    """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
-    return ContextLengthError(f"prompt of {prompt_len} tokens + {shown(max_new_tokens)} new tokens need "
-                              f"{shown(positions_needed(prompt_len, max_new_tokens))} positions (the last new token is "
-                              f"never fed), beyond the context of {n_positions} (n_positions); shorten them{hint}")
+def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, param: str,
+                  truncatable: bool = False) -> ContextLengthError:
+    """The error for a prompt and new tokens that do not fit in the context, about the argument
+    `param`; truncatable: keeping the prompt's last tokens (truncate_prompt) would make them fit."""
+    hint = " or keep only the prompt's last tokens ({truncate_prompt})" if truncatable else ""
+    return ContextLengthError("prompt of {prompt_len} tokens + {new} new tokens need {positions} positions (the last "
+                              "new token is never fed), beyond the context of {n_positions} (n_positions); shorten "
+                              "them" + hint, param, prompt_len=prompt_len, new=shown(max_new_tokens),
+                              positions=shown(positions_needed(prompt_len, max_new_tokens)), n_positions=n_positions)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 
 Modules, in reading order:
     scoring        the log-likelihood of a given text, in windows for long ones
+    options        a request's options declared once: keywords, defaults, bounds, help, checks
     api            generate, stream, generate_batch, Engine, score, prove, inspect: checked, then run
     completions    OpenAI's completions API: a body checked into requests, results into its JSON
     metrics        /metrics: the engine's state in Prometheus' text format, vLLM's names
