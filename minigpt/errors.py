@@ -20,7 +20,8 @@ class MinigptError(Exception):
     must be an integer >= 1, got {value}" (the values given as keywords, shown as they are), so that
     each interface names them its own way with `message(name)`: the command line's flags, the
     server's JSON fields, a batch line's keys; str() names them by their keywords. `prompt` is the
-    index of the prompt the error is about, in a call that takes several.
+    index of the prompt the error is about, in a call that takes several: str() begins "prompt i: ",
+    and an interface that numbers them its own way (a batch line) says so itself.
     """
 
     def __init__(self, message: str, param: str | None = None, *, prompt: int | None = None, **values: object):
@@ -31,14 +32,13 @@ class MinigptError(Exception):
         """The message, each argument named name(keyword). subject=False leaves out the argument the
         message begins with ("must be an integer >= 1, got 0"), for an interface that names it first
         (argparse's "argument --top-k: ...")."""
-        text = self.args[0]
-        if self.param is not None:
-            lead = "{" + self.param + "} "
-            text = (text.removeprefix(lead) if not subject else text).format_map(Names(name, self.values))
-        return text if self.prompt is None else f"prompt {self.prompt}: {text}"
+        if self.param is None:
+            return self.args[0]
+        lead = "{" + self.param + "} "
+        return (self.args[0] if subject else self.args[0].removeprefix(lead)).format_map(Names(name, self.values))
 
     def __str__(self) -> str:
-        return self.message()
+        return self.message() if self.prompt is None else f"prompt {self.prompt}: {self.message()}"
 
 
 class Names(dict):

@@ -161,7 +161,8 @@ def check_completion(model: Model, served_name: str, body: dict, capacity: int) 
         try:
             requests.append(make_request(model, ids, **options))
         except MinigptError as e:
-            raise library_error(e, f"prompt {i}: " if len(prompts) > 1 else "") from None
+            e.prompt = i
+            raise library_error(e, len(prompts)) from None
     empty = [not ids for ids in prompts]  # started from <|endoftext|>, which echo does not show
     return Completion(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage, empty)
 
@@ -254,10 +255,12 @@ def field(keyword: str) -> str:
     return {"prompt_ids": "prompt", "kv_cache_tokens": "--kv-cache-tokens"}.get(keyword, keyword)  # the server's own
 
 
-def library_error(error: MinigptError, prefix: str) -> APIError:
-    """The library's error as the API's: its message naming the API's fields, its param the field."""
+def library_error(error: MinigptError, prompts: int) -> APIError:
+    """The library's error as the API's: its message naming the API's fields (and its prompt, when
+    the request has several), its param the field."""
+    where = f"prompt {error.prompt}: " if error.prompt is not None and prompts > 1 else ""
     code = "context_length_exceeded" if isinstance(error, ContextLengthError) else None
-    return APIError(prefix + error.message(field), None if error.param is None else field(error.param), code)
+    return APIError(where + error.message(field), None if error.param is None else field(error.param), code)
 
 
 # ------------------------------------------------------------------------------ answers

@@ -202,11 +202,12 @@ class Service:
         except APIError:
             raise
         except MinigptError as e:  # a check that is not the API's own (the tokenizer's)
-            raise library_error(e, "") from None
+            raise library_error(e, 1) from None
         try:
             self.engine.check_fits(completion.requests)
         except InputError as e:  # about the pool's size (--kv-cache-tokens): the prompt is what the client can change
-            raise APIError(library_error(e, "").message(), "prompt", "context_length_exceeded") from None
+            raise APIError(library_error(e, len(completion.requests)).message(), "prompt",
+                           "context_length_exceeded") from None
         return completion
 
     def arrived(self, updates: asyncio.Queue, update: Update) -> None:
