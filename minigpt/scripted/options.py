@@ -146,8 +146,9 @@ def check_options(values: dict) -> dict:
 
 def from_json(name: str, value: object) -> object:
     """A JSON value (a batch line's, a request body's) as the API takes it: JSON's keys are strings,
-    so logit_bias's token ids come as "50256" (a key that is not an id is left for the check to name)."""
-    if name == "logit_bias" and isinstance(value, dict):
+    so the ids of an option of ID=VALUE pairs (logit_bias) come as "50256" (a key that is not an id
+    is left for the check to name)."""
+    if OPTIONS[name].kind is dict and isinstance(value, dict):
         return {int(k) if k.isascii() and k.isdecimal() else k: v for k, v in value.items()}
     return value
 
