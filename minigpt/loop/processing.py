@@ -14,6 +14,7 @@ The seam, the whole interface a processing implements:
     class Processor(Protocol):    # one sequence's state
         def apply(self, z: np.ndarray) -> None   # z: float64 [vocab], changed in place
         def advance(self, token: int) -> None    # the sequence kept `token`
+        complete: bool                            # nothing may follow: the sequence ends ("stop")
 
 `Sequence` (minigpt.loop.sequence) owns the processors. `Sequence.processed(logits)` copies a row
 of raw logits to float64 and hands it to each processor in the request's order (masks come last,
@@ -55,6 +56,11 @@ class Processor(Protocol):
         """The sequence kept `token`: the next row z comes after it."""
         ...
 
+    @property
+    def complete(self) -> bool:
+        """Nothing may follow but the end (a grammar matched whole): the sequence ends there, "stop"."""
+        ...
+
 
 class Processing(Protocol):
     """A request's logits processing as it was asked for, shared by every sequence of the request."""
@@ -88,6 +94,8 @@ class Penalties:
 
 class PenaltyState:
     """One sequence's counts: of each new token, and the set of tokens seen (prompt and new)."""
+
+    complete = False  # penalties never end a sequence
 
     def __init__(self, penalties: Penalties, prompt: tuple[int, ...]):
         self.penalties = penalties

@@ -6,9 +6,10 @@ decoding (minigpt.engine.speculative) and the engine (minigpt.engine.scheduler).
 and stop alike, and a sequence's result does not depend on which loop produced it.
 
 A sequence ends at the first of: its end-of-text token (`stop_at_eos`), `max_new_tokens` tokens,
-or a stop string in its new text; with `min_tokens`, neither the end-of-text token nor a stop string
-ends it within its first min_tokens tokens (vLLM's rule: the token is banned from being chosen, and a
-stop string counts only when a later token completes it). Stop strings are matched on the UTF-8 bytes of the new tokens, so
+a stop string in its new text, or a processor saying nothing may follow (a grammar matched whole);
+with `min_tokens`, neither the end-of-text token nor a stop string ends it within its first
+min_tokens tokens (vLLM's rule: the token is banned from being chosen, and a stop string counts only
+when a later token completes it). Stop strings are matched on the UTF-8 bytes of the new tokens, so
 across token boundaries, as OpenAI's API, vLLM, Hugging Face and lm-evaluation-harness do them: the
 text ends immediately before the first stop string (a token that straddles it gives its text before
 the stop), and the tokens run up to and including the one that completed the stop string, each with
@@ -185,6 +186,8 @@ class Sequence:
         self.processors = [processing.start(self.request.prompt) for processing in self.request.processing]
         if self.request.max_new_tokens == 0:
             self.finish_reason = "length"
+        elif any(processor.complete for processor in self.processors):  # a grammar the empty text matches whole
+            self.finish_reason = "stop"
 
     @property
     def done(self) -> bool:
@@ -238,6 +241,8 @@ class Sequence:
                 self._cut, self.finish_reason = cut, "stop"
             self._bytes += data
         self._ends.append(len(self._bytes))
+        if not self.done and any(processor.complete for processor in self.processors):
+            self.finish_reason = "stop"  # the text matches its grammar whole: nothing may follow
         if not self.done and len(self.tokens) == self.request.max_new_tokens:
             self.finish_reason = "length"
         self._release()
