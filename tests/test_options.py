@@ -27,7 +27,9 @@ BAD = {  # option -> a value its check refuses, and a word the message has
     "top_logprobs": (21, "an integer in 0..20"), "logit_bias": ({5: 101}, "a number in [-100, 100]"),
     "presence_penalty": (2.5, "a number in [-2, 2]"), "frequency_penalty": (-3, "a number in [-2, 2]"),
     "repetition_penalty": (0, "a finite number > 0"), "min_tokens": (-1, "an integer >= 0"),
-    "truncate_prompt": (1, "True or False"),
+    "truncate_prompt": (1, "True or False"), "regex": (12, "must be a string"),
+    "json_schema": (7, "must be a JSON schema"), "choice": ("yes", "a non-empty list of strings"),
+    "grammar": (5, "must be a string"),
 }
 
 

@@ -129,7 +129,8 @@ def id_and_value(text: str) -> tuple:
     return read_as(int)(token), read_as(float)(value)
 
 
-METAVARS = {int: "N", float: "X", list: "TEXT", dict: "ID=BIAS"}
+METAVARS = {int: "N", float: "X", str: "TEXT", list: "TEXT", dict: "ID=BIAS"}
+FILES = {"json_schema": "FILE-or-JSON", "grammar": "FILE"}  # options whose flag names a file (or holds the JSON)
 
 
 def add_request_options(p: argparse.ArgumentParser, batched: bool) -> None:
@@ -146,8 +147,10 @@ def add_request_options(p: argparse.ArgumentParser, batched: bool) -> None:
             p.add_argument(option.flag, dest=option.name, action="append", metavar=METAVARS[option.kind],
                            type=id_and_value if option.kind is dict else str, help=f"{option.help} (repeatable)")
         else:
-            p.add_argument(option.flag, dest=option.name, type=read_as(option.kind), metavar=METAVARS[option.kind],
-                           help=option.help + shown)
+            where = f" (a file, - for stdin{', or the JSON itself' if option.name == 'json_schema' else ''})" \
+                if option.name in FILES else ""
+            p.add_argument(option.flag, dest=option.name, type=read_as(option.kind),
+                           metavar=FILES.get(option.name, METAVARS[option.kind]), help=option.help + where + shown)
 
 
 def request_options(args: argparse.Namespace) -> dict:
@@ -156,6 +159,10 @@ def request_options(args: argparse.Namespace) -> dict:
     given = {name: getattr(args, name) for name in OPTIONS if getattr(args, name, None) is not None}
     if "logit_bias" in given:
         given["logit_bias"] = dict(given["logit_bias"])  # the last ID=BIAS of an id wins
+    for name in FILES.keys() & given.keys():
+        text = given[name]
+        if name != "json_schema" or not text.lstrip().startswith("{"):  # a schema's JSON is an object
+            given[name] = utf8_text(b"".join(input_chunks(text, OPTIONS[name].flag)), f"{OPTIONS[name].flag} {text!r}")
     checked = check_options(given)
     return {name: checked[name] for name in given}
 

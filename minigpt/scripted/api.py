@@ -26,6 +26,7 @@ from ..loop.sampling import SamplingOptions
 from ..loop.sequence import GenerationResult, Request, Sequence, StreamedToken, check_finite
 from ..engine.speculative import speculative_steps
 from .options import OPTIONS, check_options, takes_options
+from .structured import compile_constraint, one_constraint
 
 T = TypeVar("T")
 
@@ -43,11 +44,12 @@ def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, **options) 
     prompt = prepare_prompt(model, prompt_ids, values["max_new_tokens"],
                             values["truncate_prompt"] if "truncate_prompt" in options else None)
     eos = model.config.eos_token_id if values["stop_at_eos"] else None
-    # the text and the stop strings need the tokenizer's bytes: it is built now, before any work
-    token_bytes = None if model.tokenizer_loader is None else model.tokenizer.decode_single_token_bytes
+    # the text, the stop strings and a constraint need the tokenizer: it is built now, before any work
+    tokenizer = None if model.tokenizer_loader is None else model.tokenizer
+    token_bytes = None if tokenizer is None else tokenizer.decode_single_token_bytes
     sampling = SamplingOptions(values["temperature"], values["top_k"], values["top_p"], values["seed"])
     return Request(tuple(prompt), int(values["max_new_tokens"]), sampling, eos, values["stop"], values["top_logprobs"],
-                   token_bytes, values["min_tokens"], processing(values))
+                   token_bytes, values["min_tokens"], processing(values, tokenizer, eos))
 
 
 def check_against_model(model: Model, values: dict) -> None:
@@ -61,12 +63,17 @@ def check_against_model(model: Model, values: dict) -> None:
                          "logit_bias", value=outside[0], vocab_size=model.config.vocab_size)
 
 
-def processing(values: dict) -> tuple[Processing, ...]:
-    """The logits processing checked options ask for (minigpt.loop.processing): none when they change nothing."""
+def processing(values: dict, tokenizer, eos: int | None) -> tuple[Processing, ...]:
+    """The logits processing checked options ask for (minigpt.loop.processing), none when they change
+    nothing: the penalties, then a constraint compiled for the tokenizer (last: a mask must win over
+    the biases), which allows <|endoftext|> only if the sequence stops at it (eos)."""
     penalties = Penalties(tuple(values["logit_bias"]), tuple(values["logit_bias"].values()),
                           float(values["presence_penalty"]), float(values["frequency_penalty"]),
                           float(values["repetition_penalty"]))
-    return () if penalties == Penalties() else (penalties,)
+    constraint = one_constraint(values)
+    if constraint is not None:
+        constraint = compile_constraint(tokenizer, *constraint, tokenizer is not None and eos == tokenizer.eot_token)
+    return tuple(p for p in (None if penalties == Penalties() else penalties, constraint) if p is not None)
 
 
 def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, use_cache: bool, speculate,
@@ -278,13 +285,17 @@ class Engine(Scheduler):
                 on_step: Callable[[int], None] | None = None) -> Iterator[tuple[int, GenerationResult]]:
         """Run checked requests to the end: (index, result) as each of them finishes; on_step(new
         tokens) after every step. Requests submitted otherwise run alongside, to their end, but are
-        not among the results. A request that could never fit in the pool is refused before any work."""
+        not among the results. A request that could never fit in the pool is refused before any work; one
+        whose processing gives up mid-way (a grammar beyond llguidance's limits) raises its error then."""
         with self._driving():
             self.check_fits(requests)
             jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
             mine = set(jobs)
             try:
                 for job in named_overflow(self.gpt, self.run(on_step), lambda: []):  # the error has its sequence
+                    if job in mine and job.error is not None:  # its processing gave up mid-way: an error about it
+                        job.error.prompt = job.index
+                        raise job.error
                     if job in mine:
                         yield job.index, job.result()
             except NumericalError as e:

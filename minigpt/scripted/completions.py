@@ -22,6 +22,7 @@ from typing import Iterator
 
 from .api import make_request
 from .options import OPTIONS, from_json
+from .structured import CONSTRAINTS
 from ..errors import ContextLengthError, InputError, MinigptError, check_int
 from ..loading.model import Model
 from ..loop.sampling import MAX_TOP_LOGPROBS
@@ -32,9 +33,12 @@ DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}  # OpenAI's, where they ar
 MAX_N = 128  # OpenAI's bound on `n`
 MAX_BEST_OF = 20  # OpenAI's bound on `best_of`
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 32, 1000  # stop strings are matched at every token: bounded, as OpenAI bounds them
-READ_HERE = ("stop_at_eos", "top_logprobs", "stop")  # options whose field the API shapes its own way
+# options whose field the API shapes its own way (a constraint comes from one of several fields)
+READ_HERE = ("stop_at_eos", "top_logprobs", "stop", *CONSTRAINTS)
 FIELDS = ("model", "prompt", "n", "best_of", "echo", "stream", "stream_options", "user", "suffix",
-          *(o.field for o in OPTIONS.values() if o.field))  # suffix: only null
+          "structured_outputs", "response_format", *(o.field for o in OPTIONS.values() if o.field))  # suffix: only null
+STRUCTURED = {"regex": "regex", "json": "json_schema", "choice": "choice", "grammar": "grammar",
+              "json_object": "json_schema"}  # vLLM's structured_outputs keys -> the library's keywords
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
@@ -151,6 +155,9 @@ def check_completion(model: Model, served_name: str, body: dict, capacity: int) 
                        "best_of" if best_of > n else "n", "too_many_choices")
     options = {name: from_json(name, body[o.field]) for name, o in OPTIONS.items()
                if o.field and name not in READ_HERE and body.get(o.field) is not None}
+    constraint = constraint_field(body)  # (field, keyword, value) or None
+    if constraint is not None:
+        options[constraint[1]] = constraint[2]
     options = {**{name: value for name, value in DEFAULTS.items() if name not in options}, **options,
                "stop_at_eos": not ignore_eos, "stop": check_stop_field(body.get("stop")), "top_logprobs": logprobs or 0}
     if options.get("seed") is None:
@@ -162,9 +169,52 @@ def check_completion(model: Model, served_name: str, body: dict, capacity: int) 
             requests.append(make_request(model, ids, **options))
         except MinigptError as e:
             e.prompt = i
-            raise library_error(e, len(prompts)) from None
+            raise library_error(e, len(prompts), {constraint[1]: constraint[0]} if constraint else {}) from None
     empty = [not ids for ids in prompts]  # started from <|endoftext|>, which echo does not show
     return Completion(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage, empty)
+
+
+def constraint_field(body: dict) -> tuple[str, str, object] | None:
+    """(the field, the library's keyword, the value) of the one constraint a body asks for, or None:
+    vLLM's `structured_outputs` object (regex, json, choice, grammar, json_object: true), its older
+    guided_regex, guided_json, guided_choice and guided_grammar, or OpenAI's response_format
+    (json_object: any JSON object; json_schema: its `schema`). Two are a 400 naming the second."""
+    found = [(o.field, name, body[o.field]) for name, o in OPTIONS.items()
+             if name in CONSTRAINTS and body.get(o.field) is not None]
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        if not isinstance(outputs, dict):
+            raise APIError(f"structured_outputs must be an object, got {json.dumps(outputs)[:80]}", "structured_outputs")
+        for key, value in outputs.items():
+            name = f"structured_outputs.{key}"
+            if key not in STRUCTURED:
+                raise APIError(f"{name} is not supported: structured_outputs takes {', '.join(STRUCTURED)}", name)
+            if key == "json_object" and not (value is None or isinstance(value, bool)):  # 1 == True: not a bool
+                raise APIError(f"{name} must be true or false, got {json.dumps(value)[:80]}", name)
+            if value is not None and value is not False:
+                found.append((name, STRUCTURED[key], {"type": "object"} if key == "json_object" else value))
+    response_format = body.get("response_format")
+    if response_format is not None:
+        found += response_format_constraint(response_format)
+    if len(found) > 1:
+        raise APIError(f"{found[0][0]} and {found[1][0]} both constrain the text: give at most one", found[1][0])
+    return found[0] if found else None
+
+
+def response_format_constraint(response_format) -> list[tuple[str, str, object]]:
+    """OpenAI's response_format as a constraint: [] for text, any JSON object for json_object, and
+    json_schema's `schema` ({"type": "json_schema", "json_schema": {"name", "schema", ...}})."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return []
+    if kind == "json_object":
+        return [("response_format", "json_schema", {"type": "object"})]
+    schema = response_format.get("json_schema") if kind == "json_schema" else None
+    if isinstance(schema, dict) and schema.get("schema") is not None:
+        return [("response_format.json_schema.schema", "json_schema", schema["schema"])]
+    raise APIError('response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+                   f'"json_schema": {{"name": ..., "schema": {{...}}}}}}, got {json.dumps(response_format)[:80]}',
+                   "response_format")
 
 
 def option(body: dict, name: str, default, ok, requirement: str):
@@ -255,12 +305,14 @@ def field(keyword: str) -> str:
     return {"prompt_ids": "prompt", "kv_cache_tokens": "--kv-cache-tokens"}.get(keyword, keyword)  # the server's own
 
 
-def library_error(error: MinigptError, prompts: int) -> APIError:
-    """The library's error as the API's: its message naming the API's fields (and its prompt, when
-    the request has several), its param the field."""
+def library_error(error: MinigptError, prompts: int, fields: dict[str, str] | None = None) -> APIError:
+    """The library's error as the API's: its message naming the API's fields (`fields`: keyword ->
+    the field this request used, where the API has several) and its prompt, when the request has
+    several; its param the field."""
     where = f"prompt {error.prompt}: " if error.prompt is not None and prompts > 1 else ""
     code = "context_length_exceeded" if isinstance(error, ContextLengthError) else None
-    return APIError(where + error.message(field), None if error.param is None else field(error.param), code)
+    name = lambda keyword: (fields or {}).get(keyword) or field(keyword)  # noqa: E731
+    return APIError(where + error.message(name), None if error.param is None else name(error.param), code)
 
 
 # ------------------------------------------------------------------------------ answers

@@ -22,6 +22,7 @@ from typing import Callable
 from ..errors import InputError, check_bool, check_int, is_int, shown
 from ..loading.checks import as_float
 from ..loop.sampling import MAX_TOP_LOGPROBS
+from .structured import check_value, one_constraint
 
 MAX_BIAS, MAX_PENALTY = 100, 2  # OpenAI's bounds on logit_bias and on the presence and frequency penalties
 
@@ -128,6 +129,14 @@ OPTIONS = {option.name: option for option in [
            "repetition_penalty"),
     Option("min_tokens", 0, "neither <|endoftext|> nor a stop string ends the text within this many new tokens",
            integer(0), int, "--min-tokens", "min_tokens"),
+    Option("regex", None, "the new text must match this regular expression (llguidance's syntax: Rust's regex)",
+           check_value("regex"), str, "--regex", "guided_regex"),
+    Option("json_schema", None, "the new text must be JSON valid under this JSON schema",
+           check_value("json_schema"), str, "--json-schema", "guided_json"),
+    Option("choice", None, "the new text must be one of these strings", check_value("choice"), list, "--choice",
+           "guided_choice"),
+    Option("grammar", None, "the new text must match this Lark grammar (or llama.cpp's GBNF)", check_value("grammar"),
+           str, "--grammar", "guided_grammar"),
     Option("truncate_prompt", False, "if prompt + new tokens - 1 (the last is never fed) exceed the context, keep "
                                      "only the prompt's last tokens", check_bool, bool, "--truncate-prompt", None,
            batched=False),
@@ -135,9 +144,11 @@ OPTIONS = {option.name: option for option in [
 
 
 def check_options(values: dict) -> dict:
-    """Every option checked (each by its own check, then min_tokens against max_new_tokens), the
-    absent ones at their defaults: keyword -> value. Needs no model (check_against_model does)."""
+    """Every option checked (each by its own check, then at most one constraint, and min_tokens against
+    max_new_tokens), the absent ones at their defaults: keyword -> value. Needs no model
+    (check_against_model does; a constraint is compiled for the model's tokenizer by make_request)."""
     checked = {name: option.check(values.get(name, option.default), name) for name, option in OPTIONS.items()}
+    one_constraint(checked)
     if checked["min_tokens"] > checked["max_new_tokens"]:
         raise InputError("{min_tokens} must be at most {max_new_tokens} ({maximum}), got {value}", "min_tokens",
                          value=checked["min_tokens"], maximum=checked["max_new_tokens"])
