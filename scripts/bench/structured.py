@@ -8,8 +8,10 @@ from. Decode time per token = the median step (the wall time between the ends of
 32, after the prefill: the forward and every row's processing and choice) / B; each way is compared
 with plain decoding of the same kernels and B as the ratio of their best rounds (interleaved rounds:
 interference only ever adds time). In the same rounds, the time a sequence takes to choose one token
-from a row, its processing included, measured alone. A way is one entry of WAYS: constrained
-decoding adds its own (a JSON schema, a regex), and the table, the ratios and the targets take it in.
+from a row, its processing included, measured alone. A way is one entry of WAYS: a JSON schema
+(name, age, tags) constrains the text with llguidance's mask; for it, in the same rounds, the time
+to compile the schema (once per request), and apart the time to build llguidance's view of GPT-2's
+tokenizer (once per tokenizer).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from minigpt.loop.sequence import Sequence
 from minigpt.scripted.api import Engine, generate_batch, make_request, make_requests
+from minigpt.scripted.structured import compile_constraint, ll_tokenizer, one_constraint
 
 from .common import REPEATS, Report, RunInfo, Target, interleaved, log, minigpt_engines
 
@@ -32,7 +35,11 @@ WAYS = {  # name -> the options every request of the batch carries
     "plain": {},
     "penalties": dict(logit_bias={t: (-1) ** t * 5.0 for t in range(100, 108)}, presence_penalty=0.5,
                       frequency_penalty=0.5, repetition_penalty=1.2, min_tokens=4),
+    "JSON schema": dict(json_schema={"type": "object", "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name", "age", "tags"]}),
 }
+CONSTRAINED = [way for way, options in WAYS.items() if one_constraint(options)]
 
 
 def step_ms(model, prompts: list[list[int]], options: dict) -> float:
@@ -62,19 +69,31 @@ def choice_us(model, prompt: list[int], options: dict) -> float:
     return statistics.median(times) * 1e6
 
 
+def compile_ms(model, options: dict) -> float:
+    """The time (ms) to compile a way's constraint for GPT-2's tokenizer, as make_request does."""
+    clock = time.perf_counter()
+    compile_constraint(model.tokenizer, *one_constraint(options))
+    return (time.perf_counter() - clock) * 1e3
+
+
 def run() -> Report:
     info = RunInfo()
     engines = minigpt_engines()
     model = next(iter(engines.values()))
     prompts = np.random.default_rng(1).integers(model.config.vocab_size,
                                                 size=(max(BATCH_SIZES), PROMPT_TOKENS)).tolist()
+    clock = time.perf_counter()
+    ll_tokenizer(model.tokenizer, "json_schema")  # llguidance's view of the tokenizer: once per tokenizer
+    trie_s = time.perf_counter() - clock
     for m in engines.values():
         generate_batch(m, prompts[:2], 2, stop_at_eos=False)  # warm-up
     log(f"structured: {', '.join(WAYS)} at B = {', '.join(map(str, BATCH_SIZES))} ...")
     rounds = interleaved({**{(name, way, b): lambda m=m, way=way, b=b: step_ms(m, prompts[:b], WAYS[way])
                              for name, m in engines.items() for way in WAYS for b in BATCH_SIZES},
-                          **{("choice", way): lambda way=way: choice_us(model, prompts[0], WAYS[way]) for way in WAYS}})
+                          **{("choice", way): lambda way=way: choice_us(model, prompts[0], WAYS[way]) for way in WAYS},
+                          **{("compile", way): lambda way=way: compile_ms(model, WAYS[way]) for way in CONSTRAINED}})
     choice = {way: min(rounds.pop(("choice", way))) for way in WAYS}
+    compiled = {way: min(rounds.pop(("compile", way))) for way in CONSTRAINED}
 
     lines = [*info.header(),
              f"### Results (median step, the best of {REPEATS} interleaved rounds; random-124m, float32, "
@@ -96,5 +115,8 @@ def run() -> Report:
                     targets.append((f"{name.removeprefix('minigpt ')}, B = {b}: a {way} step <= {GOAL}x a plain one",
                                     f"{ratio:.3f}x", ratio <= GOAL))
     lines += ["", "Choosing one token from a row of 50,257 logits, processing included (median of 200, best round; "
-              f"after {NEW_TOKENS} tokens): " + ", ".join(f"{way} {us:.0f} us" for way, us in choice.items()) + "."]
+              f"after {NEW_TOKENS} tokens): " + ", ".join(f"{way} {us:.0f} us" for way, us in choice.items()) + ".",
+              "", "Compiling a constraint for GPT-2's tokenizer (llguidance, the first mask included; best round): "
+              + ", ".join(f"{way} {ms:.2f} ms" for way, ms in compiled.items()) + f"; llguidance's view of the "
+              f"tokenizer, built once per tokenizer: {trie_s:.2f} s."]
     return Report(info, "\n".join(lines), targets)
