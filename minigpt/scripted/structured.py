@@ -1,11 +1,13 @@
 """Structured outputs: the new text must match a regex, a JSON schema, one of a few strings, or a Lark
-grammar, enforced by masking each step's logits to the tokens that keep it matchable (docs/constrained.md).
+grammar, enforced by masking each step's logits to the tokens that keep it matchable
+(docs/logits-processing.md#constrained-decoding).
 
 llguidance (the `structured` extra) compiles a constraint against GPT-2's tiktoken encoding and, at
 each step, computes the bitmask of the tokens whose bytes can extend the text so far towards a match:
-one bit per token id, 1571 int32 words for GPT-2's 50,257 tokens. A `Matcher` holds one sequence's
-place in the grammar: it masks a row of logits (disallowed tokens to -inf, so no sampler can choose
-them), advances with each token kept, and rolls back the tokens a speculative step rejects.
+one bit per token id, 1,571 words of 32 bits for GPT-2's 50,257 tokens. A `Constraint` is a logits
+processing (minigpt.loop.processing); its `Matcher`, one per sequence, holds the sequence's place in
+the grammar: it masks a row of logits (forbidden tokens to -inf, so no sampler can choose them),
+advances with each token kept, and says when the text matches whole and nothing may follow.
 
 The mask depends only on the tokens a sequence has kept, never on how its logits were computed, so
 whatever leaves a sequence's logits bitwise the same (batching, the prefix cache, preemption,
@@ -45,7 +47,7 @@ def llguidance(kind: str):
 
 
 def ll_tokenizer(tokenizer: tiktoken.Encoding, kind: str):
-    """llguidance's view of the encoding (its token trie: about 0.1 s to build), built once per encoding."""
+    """llguidance's view of the encoding (its token trie: a fraction of a second to build), once per encoding."""
     llg = llguidance(kind)
     with _LOCK:
         if tokenizer not in _TOKENIZERS:
