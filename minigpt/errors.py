@@ -7,12 +7,49 @@ escaping is a bug in minigpt, not a user's mistake.
 import math
 import numbers
 import reprlib
+from typing import Callable
 
 import numpy as np
 
 
 class MinigptError(Exception):
-    """Base class: the message names the problem and, where it can, what to do."""
+    """Base class: the message names the problem and, where it can, what to do.
+
+    An error about an argument carries it: `param` is its keyword in the API ("top_k"), as OpenAI's
+    error objects carry theirs. Its message is then a template naming arguments as fields, "{top_k}
+    must be an integer >= 1, got {value}" (the values given as keywords, shown as they are), so that
+    each interface names them its own way with `message(name)`: the command line's flags, the
+    server's JSON fields, a batch line's keys; str() names them by their keywords. `prompt` is the
+    index of the prompt the error is about, in a call that takes several: str() begins "prompt i: ",
+    and an interface that numbers them its own way (a batch line) says so itself.
+    """
+
+    def __init__(self, message: str, param: str | None = None, *, prompt: int | None = None, **values: object):
+        super().__init__(message)
+        self.param, self.prompt, self.values = param, prompt, values
+
+    def message(self, name: Callable[[str], str] = str, subject: bool = True) -> str:
+        """The message, each argument named name(keyword). subject=False leaves out the argument the
+        message begins with ("must be an integer >= 1, got 0"), for an interface that names it first
+        (argparse's "argument --top-k: ...")."""
+        if self.param is None:
+            return self.args[0]
+        lead = "{" + self.param + "} "
+        return (self.args[0] if subject else self.args[0].removeprefix(lead)).format_map(Names(name, self.values))
+
+    def __str__(self) -> str:
+        return self.message() if self.prompt is None else f"prompt {self.prompt}: {self.message()}"
+
+
+class Names(dict):
+    """A template's fields: its values as given, any other field the name of that argument."""
+
+    def __init__(self, name: Callable[[str], str], values: dict):
+        super().__init__(values)
+        self.name = name
+
+    def __missing__(self, keyword: str) -> str:
+        return self.name(keyword)
 
 
 class ModelNotFoundError(MinigptError):
@@ -76,19 +113,22 @@ def shown(value: object) -> str:
         return f"a {type(value).__name__} holding an integer too long to print"
 
 
-def check_int(value: object, name: str, minimum: int, error: type[MinigptError] = InputError,
-              maximum: int | None = None) -> int:
-    """`value` as an int if it is an integer (Python or NumPy, not bool) in minimum..maximum (no
-    maximum: >= minimum); else `error` naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum \
-            or maximum is not None and value > maximum:
+def is_int(value: object) -> bool:
+    """An integer, Python's or NumPy's, and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(value: object, name: str, minimum: int, maximum: int | None = None) -> int:
+    """`value` as an int if it is an integer in minimum..maximum (no maximum: >= minimum); else
+    InputError about the argument `name`."""
+    if not is_int(value) or value < minimum or maximum is not None and value > maximum:
         bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
-        raise error(f"{name} must be an integer {bound}, got {shown(value)}")
+        raise InputError(f"{{{name}}} must be an integer {bound}, got {{value}}", name, value=shown(value))
     return int(value)
 
 
 def check_bool(value: object, name: str) -> bool:
     """`value` if it is True or False (Python or NumPy); else InputError: a string such as "no" would be true."""
     if not isinstance(value, (bool, np.bool_)):
-        raise InputError(f"{name} must be True or False, got {shown(value)}")
+        raise InputError(f"{{{name}}} must be True or False, got {{value}}", name, value=shown(value))
     return bool(value)

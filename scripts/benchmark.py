@@ -14,7 +14,9 @@ Sections (default: all, in this order), one module each in scripts/bench/:
   scoring (docs/prefix-cache.md);
 - speculative: plain decode against speculative decoding with four drafters (docs/speculative.md);
 - serve: the completions server at 1, 4, 16 and 32 concurrent clients, exact and fast kernels, against
-  the same requests one at a time (docs/serving.md).
+  the same requests one at a time (docs/serving.md);
+- structured: what a request's logits processing costs a decode step, at B = 1 and 16, exact and fast
+  kernels, against plain decoding (docs/logits-processing.md).
 
 Everything a section compares is measured in the same run, side by side, and reported as ratios
 (timings on a shared machine are noisy; ratios measured together are not much). Measurements are
@@ -33,13 +35,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
-from bench import batching, decode, paging, prefix, serve, speculative  # noqa: E402
+from bench import batching, decode, paging, prefix, serve, speculative, structured  # noqa: E402
 from bench.common import log, timed, write_block  # noqa: E402
 from minigpt.errors import MinigptError  # noqa: E402
 from minigpt.loop.staircase import require_matplotlib  # noqa: E402
 
 SECTIONS = {"decode": decode, "batching": batching, "paging": paging, "prefix": prefix, "speculative": speculative,
-            "serve": serve}
+            "serve": serve, "structured": structured}
 
 
 def main(argv: list[str] | None = None) -> int:

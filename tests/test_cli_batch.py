@@ -216,7 +216,7 @@ BAD_LINES = [
     ({"prompt_ids": [1], "top_p": 1.5}, [], "top_p must be a number in (0, 1], got 1.5"),
     ({"prompt_ids": [1], "seed": -1}, [], "seed must be an integer >= 0, got -1"),
     ({"prompt_ids": [1], "top_logprobs": -1}, [], "top_logprobs must be an integer in 0..20, got -1"),
-    ({"prompt_ids": [1], "top_logprobs": None}, [], "top_logprobs must be an integer in 0..20, got None"),
+    ({"prompt_ids": [1], "top_logprobs": "1"}, [], "top_logprobs must be an integer in 0..20, got '1'"),
     ({"prompt_ids": [1], "top_logprobs": 21}, [], "top_logprobs must be an integer in 0..20, got 21"),
     ({"prompt_ids": [1], "top_logprobs": 10 ** 20}, [], "top_logprobs must be an integer in 0..20, got 1000"),
     ({"prompt_ids": [1], "stop": "x"}, [], "stop must be a list of strings, got 'x'"),
@@ -397,7 +397,7 @@ def test_batch_runs_in_a_thread_too_where_signals_cannot_be_held(capsys, tmp_pat
 @pytest.mark.parametrize("lines, argv, message", [
     ([{"prompt_ids": [1]}, {"prompt_ids": [2], "temperature": 0.5, "seed": 3}], ["--seed", "1"],
      "argument --seed: has no effect: every line is greedy (temperature 0) or has a seed of its own"),
-    ([{"prompt_ids": [1], "temperature": 0.0}], ["--top-k", "5", "--temperature", "1"],
+    ([{"prompt_ids": [1], "temperature": 0.0}], ["--top-k", "5"],
      "argument --top-k: has no effect: every line is greedy (temperature 0) or has a top_k of its own"),
     ([{"prompt_ids": [1], "temperature": 1.0, "top_p": None}], ["--top-p", "0.5"],
      "argument --top-p: has no effect: every line is greedy (temperature 0) or has a top_p of its own"),

@@ -177,11 +177,11 @@ def test_a_draft_model_that_cannot_be_loaded_is_named_as_speculate_not_model(cap
 def test_a_draft_model_with_another_vocabulary_is_refused(capsys):
     draft = str(REPO / "tests" / "fixtures" / "float32")
     assert_error(cli(capsys, "hi", "--model", "random-tiny", "--speculate", draft),
-                 ["draft model's vocabulary has 384 tokens", "50257"])
+                 ["argument --speculate: the draft model's vocabulary has 384 tokens", "50257"], exit_code=2)
 
 
-@pytest.mark.parametrize("stop, names", [("", ["stop string must not be empty"]),
-                                         ("\udcff", ["stop string", "not valid Unicode"])])
+@pytest.mark.parametrize("stop, names", [("", ["must not hold an empty string"]),
+                                         ("\udcff", ["holds '\\udcff'", "not valid Unicode"])])
 def test_a_bad_stop_string_is_refused(capsys, stop, names):
     assert_error(cli(capsys, "hi", "--model", "random-tiny", "--stop", stop), ["argument --stop: ", *names],
                  exit_code=2)
@@ -233,7 +233,7 @@ def test_score_refuses_what_it_cannot_score(capsys, tmp_path):
     assert_error(score(capsys, "", "--model", "random-tiny"), ["at least 2 tokens", "got 0"])
     assert_error(score(capsys, "Hello", "--model", "random-tiny"), ["at least 2 tokens", "got 1"])
     assert_error(score(capsys, "a b c", "--model", "random-tiny", "--stride", "257"),
-                 ["argument --stride: ", "stride must be an integer in 1..256", "got 257"], exit_code=2)
+                 ["argument --stride: must be an integer in 1..256, got 257"], exit_code=2)
     missing, latin1 = tmp_path / "missing.txt", tmp_path / "latin1.txt"
     latin1.write_bytes("café".encode("latin-1"))
     assert_error(score(capsys, "--file", str(missing), "--model", "random-tiny"),

@@ -19,6 +19,7 @@ from test_api_errors import EOT, TINY
 from test_cli_errors import cli, environment
 
 import minigpt
+from minigpt.scripted.options import OPTIONS
 from minigpt.loading.checkpoint import save_checkpoint
 from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params
 
@@ -100,9 +101,8 @@ def test_a_stop_string_after_half_a_character_leaves_the_replacement_character(c
 
 # ------------------------------------------------------------------ --json
 
-KEYS = {"model", "kernels", "use_cache", "temperature", "top_k", "top_p", "seed", "max_new_tokens", "stop",
-        "stop_at_eos", "truncate_prompt", "speculate", "finish_reason", "prompt", "prompt_ids", "tokens", "text",
-        "logprobs", "step_ms"}
+KEYS = {"model", "kernels", "use_cache", *(set(OPTIONS) - {"top_logprobs"}), "speculate", "finish_reason", "prompt",
+        "prompt_ids", "tokens", "text", "logprobs", "step_ms"}  # every request option but top_logprobs (the lists)
 SPECULATION_KEYS = {"draft_tokens", "drafted", "accepted"}
 
 
@@ -121,6 +121,9 @@ def test_json_records_every_option_and_the_logprobs(capsys, tiny_model, tokenize
         "model": "random-tiny", "kernels": "exact", "use_cache": True, "temperature": 0.7, "top_k": 7,
         "top_p": 0.5, "seed": 3, "max_new_tokens": 5, "stop": ["x", "\n\n"], "stop_at_eos": True,
         "truncate_prompt": False, "speculate": None}
+    assert {k: plain[k] for k in ("logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                                  "min_tokens")} == {"logit_bias": {}, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                                                     "repetition_penalty": 1.0, "min_tokens": 0}
     result = minigpt.generate(tiny_model, minigpt.encode(tokenizer, PROMPT), 5, top_k=7, top_p=0.5, seed=3,
                               temperature=0.7, stop=["x", "\n\n"])
     assert (plain["prompt_ids"], plain["tokens"], plain["logprobs"], plain["finish_reason"]) == (

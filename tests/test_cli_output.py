@@ -255,16 +255,17 @@ def test_a_plot_name_without_an_extension_is_a_png_at_exactly_that_path(capsys, 
 
 # Sizes
 
-@pytest.mark.parametrize("argv, names", [
-    (["staircase", "--prompt-tokens", "100000000"], ["prompt of 100000000 tokens", "256 (n_positions)"]),
-    (["staircase", "--prompt-tokens", BIG], [f"prompt of {BIG} tokens", "256 (n_positions)"]),
-    (["staircase", "--new-tokens", BIG], [f"{BIG} new tokens", "256 (n_positions)"]),
-    (["generate", "hi", "--max-new-tokens", BIG], [f"{BIG} new tokens", "256 (n_positions)"]),
-    (["prove", "--steps", BIG], [f"{BIG} new tokens", "256 (n_positions)"]),
+@pytest.mark.parametrize("argv, names, exit_code", [  # 2: the error is about an option's value (a usage error)
+    (["staircase", "--prompt-tokens", "100000000"], ["argument --prompt-tokens", "prompt of 100000000 tokens",
+                                                     "256 (n_positions)"], 2),
+    (["staircase", "--prompt-tokens", BIG], [f"prompt of {BIG} tokens", "256 (n_positions)"], 2),
+    (["staircase", "--new-tokens", BIG], [f"{BIG} new tokens", "256 (n_positions)"], 2),
+    (["generate", "hi", "--max-new-tokens", BIG], [f"{BIG} new tokens", "256 (n_positions)"], 1),
+    (["prove", "--steps", BIG], [f"{BIG} new tokens", "256 (n_positions)"], 1),
 ])
-def test_a_huge_size_fails_on_the_context_check_before_allocating(capsys, argv, names):
+def test_a_huge_size_fails_on_the_context_check_before_allocating(capsys, argv, names, exit_code):
     code, out, err = cli(capsys, *argv[1:], "--model", "random-tiny", command=argv[0])
-    assert_error((code, out, err), names)
+    assert_error((code, out, err), names, exit_code)
     assert "truncate" not in err or argv[0] == "generate"  # each command suggests only its own options
 
 

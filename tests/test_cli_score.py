@@ -103,7 +103,7 @@ def test_a_file_that_never_ends_is_refused_after_a_bounded_read(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--file", ""], "error: --file is an empty path: name a file, or - for stdin"),
     (["a b", "--stride", "0"], "error: argument --stride: must be >= 1, got 0"),
-    (["a b", "--stride", "257"], "error: argument --stride: stride must be an integer in 1..256"),
+    (["a b", "--stride", "257"], "error: argument --stride: must be an integer in 1..256, got 257"),
 ])
 def test_usage_errors_exit_2_naming_the_option(capsys, argv, message):
     code, out, err = cli(capsys, *argv, "--model", "random-tiny", command="score")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minigpt.loading.checks import check_sampling
+from minigpt.scripted.options import check_options
 from minigpt.errors import InputError
 from minigpt.loop.sampling import SamplingOptions, filtered_log_probs, next_token
 
@@ -88,5 +88,6 @@ def test_matches_hugging_face_warpers_where_installed():
     (dict(top_k=0), "top_k"), (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(seed=-1), "seed"),
 ])
 def test_bad_options_are_refused_naming_the_option(options, word):
-    with pytest.raises(InputError, match=word):
-        check_sampling(**{"temperature": 0.0, "top_k": None, "top_p": None, "seed": None, **options})
+    with pytest.raises(InputError, match=word) as error:
+        check_options(options)
+    assert error.value.param == word

@@ -236,7 +236,7 @@ def test_a_one_position_model_scores_each_token_from_the_one_before(small):
 
 @pytest.mark.parametrize(("ids", "stride", "message"), [
     ([], None, "at least 2 tokens"), ([3], None, "at least 2 tokens (the first is only context for the next), got 1"),
-    ([1, 2], 0, "stride must be an integer in 1..8 (n_positions)"), ([1, 2], 9, "got 9"), ([1, 2], 2.0, "got 2.0"),
+    ([1, 2], 0, "stride must be an integer in 1..8, got 0"), ([1, 2], 9, "got 9"), ([1, 2], 2.0, "got 2.0"),
     ([1, 40], None, "token id 40 at index 1 is outside [0, 40)"),
 ])
 def test_bad_input_is_refused(small, ids, stride, message):

@@ -22,7 +22,8 @@ from minigpt.errors import ContextLengthError, DrafterError, InputError
 from minigpt.loading.model import Model
 from minigpt.loading.weights import random_params
 from minigpt.loop.sampling import SamplingOptions, filtered_log_probs
-from minigpt.engine.speculative import NGramDrafter, verify_greedy, verify_sampled
+from minigpt.loop.sequence import Request, Sequence
+from minigpt.engine.speculative import NGramDrafter, verify
 
 Z_0001 = 3.0902  # the standard normal's 0.999 quantile
 
@@ -57,11 +58,16 @@ def test_prompt_lookup_proposes_what_followed_the_latest_earlier_occurrence():
     assert NGramDrafter().propose([1, 7, 7, 7], 3, SamplingOptions(), None)[0] == [7, 7, 7]  # a cycle of one token
 
 
-def test_verify_greedy_keeps_confirmed_drafts_then_the_models_own_token():
+@pytest.mark.parametrize("drafts, tokens", [
+    ([1, 2, 3], [1, 2, 4]),  # third draft wrong: the model's 4 instead
+    ([1, 2, 4], [1, 2, 4, 0]),  # all right: plus the bonus token
+    ([], [1]),  # no drafts: a plain step
+])
+def test_greedy_verification_keeps_confirmed_drafts_then_the_models_own_token(drafts, tokens):
     logits = np.eye(5, dtype=np.float32)[[1, 2, 4, 0]]  # argmax per row: 1, 2, 4, 0
-    assert verify_greedy(logits, [1, 2, 3]) == [1, 2, 4]  # third draft wrong: the model's 4 instead
-    assert verify_greedy(logits, [1, 2, 4]) == [1, 2, 4, 0]  # all right: plus the bonus token
-    assert verify_greedy(logits[:1], []) == [1]  # no drafts: a plain step
+    seq = Sequence(Request((0,), 10, SamplingOptions(), None))
+    assert verify(seq, logits[:len(drafts) + 1], drafts, None, 0.0) == len(tokens) - 1
+    assert seq.tokens == tokens
 
 
 # --------------------------------------------------------------------------- refusals
@@ -174,17 +180,20 @@ def test_an_always_wrong_drafter_is_tried_less_and_less():
 # --------------------------------------------------------------------------- sampling is exact
 
 
-def first_tokens(verify, p, q, drafts_from, n=20_000, seed=0):
-    """Counts of the first and (after an accepted first draft) second token of n verifications."""
+def first_tokens(p, q, drafts_from, n=20_000, seed=0):
+    """Counts of the first and (after an accepted first draft) second token of n verifications of
+    rows whose sampling distributions are p [k+1, vocab] (logits log p, temperature 1)."""
     rng = np.random.default_rng(seed)
-    vocab = p.shape[1]
-    first, second = np.zeros(vocab, int), np.zeros(vocab, int)
+    logits = np.where(p > 0, np.log(np.where(p > 0, p, 1)), -1e30).astype(np.float32)  # -1e30: probability 0
+    request = Request((0,), len(p), SamplingOptions(temperature=1.0), None)
+    first, second = np.zeros(p.shape[1], int), np.zeros(p.shape[1], int)
     for _ in range(n):
-        drafts = drafts_from(rng)
-        out = verify(p, q, drafts, rng)
-        first[out[0]] += 1
-        if len(out) > 1:
-            second[out[1]] += 1
+        seq = Sequence(request)
+        seq.rng = rng
+        verify(seq, logits, drafts_from(rng), q, 0.0)
+        first[seq.tokens[0]] += 1
+        if len(seq.tokens) > 1:
+            second[seq.tokens[1]] += 1
     return first, second
 
 
@@ -198,14 +207,14 @@ def distributions(seed, vocab=6, k=2):
 
 def test_speculative_sampling_tokens_follow_the_models_distribution_with_a_model_drafter():
     p, q = distributions(1)
-    first, second = first_tokens(verify_sampled, p, q, lambda rng: [int(rng.choice(6, p=row)) for row in q])
+    first, second = first_tokens(p, q, lambda rng: [int(rng.choice(6, p=row)) for row in q])
     assert not chi_square_rejects(first, p[0])
     assert not chi_square_rejects(second, p[1])
 
 
 def test_speculative_sampling_tokens_follow_the_models_distribution_with_one_hot_drafts():
     p, _ = distributions(2)
-    first, second = first_tokens(verify_sampled, p, None, lambda rng: [3, 0])
+    first, second = first_tokens(p, None, lambda rng: [3, 0])
     assert not chi_square_rejects(first, p[0])
     assert not chi_square_rejects(second, p[1])
 
@@ -218,7 +227,7 @@ def test_speculative_sampling_tokens_follow_the_models_distribution_with_one_hot
 def test_the_statistical_test_catches_a_wrong_residual_distribution(monkeypatch, wrong):
     monkeypatch.setattr(speculative, "residual", wrong)
     p, q = distributions(1)
-    first, _ = first_tokens(verify_sampled, p, q, lambda rng: [int(rng.choice(6, p=row)) for row in q])
+    first, _ = first_tokens(p, q, lambda rng: [int(rng.choice(6, p=row)) for row in q])
     assert chi_square_rejects(first, p[0])
 
 

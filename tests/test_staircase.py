@@ -91,8 +91,8 @@ def test_plot_function_without_matplotlib_raises_minigpt_error(tiny_model, tmp_p
 
 @pytest.mark.parametrize("argv, code, message", [
     ([*TINY, "--plot", "/no/such/dir/x.png"], 2, "error: argument --plot: '/no/such/dir/x.png': there is no directory"),
-    (["staircase", "--model", "random-tiny", "--prompt-tokens", "250", "--new-tokens", "10"], 1,
-     "error: prompt of 250 tokens + 10 new tokens need 259 positions (the last new token is never fed), beyond "
+    (["staircase", "--model", "random-tiny", "--prompt-tokens", "250", "--new-tokens", "10"], 2,
+     "error: argument --prompt-tokens: prompt of 250 tokens + 10 new tokens need 259 positions (the last new token is never fed), beyond "
      "the context of 256"),
     (["staircase", "--model", "random-tiny", "--new-tokens", "0"], 2, "error: argument --new-tokens"),
     (["staircase", "--model", "no-such-model"], 1, "error: no directory 'no-such-model'"),

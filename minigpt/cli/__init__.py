@@ -18,9 +18,8 @@ from contextlib import contextmanager, suppress
 from typing import Iterator
 
 from ..errors import MinigptError
-from ..loading.checks import with_truncate_hint
 from . import batch, cost, generate, inspect, prove, score, serve, staircase, tune
-from .common import Stream, UsageError
+from .common import Stream, UsageError, worded
 
 COMMANDS = (generate, batch, score, prove, inspect, staircase, cost, tune, serve)
 
@@ -96,12 +95,11 @@ def run(argv: list[str] | None) -> int:
         raise OutputError("stdout is closed: there is nowhere to print the output")
     try:
         status = args.run(args)
-    except MinigptError as e:  # the library's hint names its keyword: a command names its own option, or none
-        hint = " or keep only the prompt's last tokens (--truncate-prompt)" if "truncate_prompt" in args else ""
-        hinted = with_truncate_hint(e, hint)
-        if hinted is e:
+    except MinigptError as e:  # the library names arguments by their keywords: a command by its flags
+        worded_error = worded(e, args.parser)
+        if worded_error is e:
             raise
-        raise hinted from None
+        raise worded_error from None
     flush_stdout()
     return status
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import reprlib
 import sys
 import time
@@ -20,21 +19,23 @@ from typing import Callable, Iterator
 
 from tqdm import tqdm
 
-from ..scripted.api import Engine, make_request
-from ..loading.checks import check_stop
+from ..scripted.api import Engine, check_against_model, make_request
+from ..scripted.options import OPTIONS, check_options, from_json
 from ..errors import InputError, MinigptError, check_bool
 from ..loading.model import Model
 from ..loading.safetensors_format import unique_keys
 from ..loop.sequence import GenerationResult, Request
 from ..loading.tokenizer import valid_text
-from .common import (Stream, UsageError, add_model_options, add_sampling_options, check_option, encode_prompt,
-                     input_chunks, json_text, load_model, positive_int, print_whole, top_logprobs_json, utf8_text)
+from .common import (Stream, UsageError, add_model_options, add_request_options, encode_prompt, flags, input_chunks,
+                     json_text, load_model, positive_int, print_whole, request_options, top_logprobs_json, utf8_text,
+                     worded)
 from . import pictures
 from .cost import binary
 from .staircase import check_plot_target, plot_path
 
-LINE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "top_logprobs")  # as in the epilog
+LINE_OPTIONS = tuple(name for name, option in OPTIONS.items() if option.batched)  # the request options
 KEYS = ("id", "prompt", "prompt_ids", "prompt_logprobs", *LINE_OPTIONS)
+SAMPLING_ONLY = ("top_k", "top_p", "seed")  # options that change nothing on a greedy line
 DEFAULT_MAX_BATCH_SIZE = 16
 # A line holds one prompt, which must fit in a context: 1,024 GPT-2 tokens of at most 128 bytes each are
 # 128 KiB, 768 KiB written as \u escapes; ids take 7 bytes each. Each line becomes a request checked
@@ -58,11 +59,13 @@ lines; blank lines are skipped (they still count in line numbers).
   "prompt_ids"      token ids to continue: exactly one of the two
   "id"              any string (valid Unicode), number, boolean or null, copied to the output
                     (default: the line number)
-  "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop" (a list of strings),
-  "top_logprobs"    this line's value of the option of that name (--max-new-tokens, ...);
-                    null for top_k, top_p, seed or stop turns the option off for the line
-                    (--top-k, --top-p, --seed or --stop that no line takes, or only greedy ones
-                    take, is an error: it would change nothing)
+  "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop_at_eos", "stop" (a list
+  of strings), "top_logprobs", "logit_bias" (token ids as strings to biases: {"50256": -100}),
+  "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens"
+                    this line's value of the option of that name (--max-new-tokens, ...);
+                    null is the option's default (for top_k, top_p, seed or stop: off) for the
+                    line (an option given on the command line that no line takes, or for top_k,
+                    top_p and seed only greedy lines take, is an error: it would change nothing)
   "prompt_logprobs" true: also score the prompt (its tokens' log-probabilities, and with
                     top_logprobs their most likely alternatives); default false
   Invalid JSON, any other key or a bad value (a type, a range, a token id outside the vocabulary,
@@ -111,7 +114,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="compute every prompt in full: no keys and values are reused between prompts that begin "
                         "alike (with the exact kernels the results are the same either way)")
-    add_sampling_options(p)
+    add_request_options(p, batched=True)
     p.add_argument("--plot", type=plot_path, metavar="PATH",
                    help="also draw the page pool over the run to PATH (matplotlib): pages in use, kept by the "
                         "prefix cache and free at each step, preemptions and evictions marked")
@@ -119,12 +122,13 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    options = request_options(args)  # checked now, before the model is loaded and INPUT read
     if args.plot is not None:
         check_plot_target(args.plot)
     model = load_model(args)
     tokenizer = model.tokenizer  # now, before any work: text prompts, stop strings and the output's text need it
-    check_option("--stop", check_stop, model, args.stop)  # an option's fault, not the first line's
-    ids, requests, scoring, engine = checked_requests(model, args)
+    check_against_model(model, check_options(options))  # an option's fault, not the first line's
+    ids, requests, scoring, engine = checked_requests(model, args, options)
     pool = engine.pool
     clock = time.perf_counter()
     pending: dict[int, GenerationResult] = {}  # finished, waiting for the lines before them
@@ -152,37 +156,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def checked_requests(model: Model, args: argparse.Namespace) -> tuple[list, list[Request], list[bool], Engine]:
+def checked_requests(model: Model, args: argparse.Namespace,
+                     options: dict) -> tuple[list, list[Request], list[bool], Engine]:
     """Every line of INPUT checked, before any work: the lines' ids, their requests, whether each
     scores its prompt, and the engine whose pool they all fit in. The first bad line fails the run
-    (UsageError naming it), and so does an option that no line takes and is changed by (--seed when
-    every line is greedy or has its own seed)."""
+    (UsageError naming it, each argument by its key), and so does a command-line option (`options`)
+    that no line takes and is changed by (--seed when every line is greedy or has its own seed)."""
     name = "stdin" if args.input == "-" else args.input
-    defaults = {key: getattr(args, key) for key in LINE_OPTIONS}
+    own = flags(args.parser)
+    key = lambda keyword: keyword if keyword in KEYS else own.get(keyword, keyword)  # noqa: E731
     numbers, ids, requests, scoring, used = [], [], [], [], set()
     for number, text in read_lines(args.input, name):  # each line parsed as it comes, its text then dropped
         try:
-            identity, request, scores, taken = parse_line(model, text, number, defaults, not args.no_stop)
+            identity, request, scores, taken = parse_line(model, text, number, options)
         except MinigptError as e:
-            raise UsageError(f"{name} line {number}: {e}") from None
+            raise worded(e, args.parser, key, f"{name} line {number}: ") from None
         numbers.append(number)
         ids.append(identity)
         requests.append(request)
         scoring.append(scores)
-        used |= {key for key in taken if key == "stop" or request.sampling.temperature > 0}  # greedy: no sampling
-    for key in ("top_k", "top_p", "seed", "stop"):  # the options whose default (None) tells whether they were given
-        if defaults[key] is not None and requests and key not in used:
-            reason = "every line is greedy (temperature 0) or has" if key != "stop" else "every line has"
-            raise UsageError(f"argument --{key.replace('_', '-')}: has no effect: {reason} a {key} of its own")
+        used |= {k for k in taken if k not in SAMPLING_ONLY or request.sampling.temperature > 0}
+    for option in options:
+        if requests and option not in used:
+            reason = "every line is greedy (temperature 0) or has" if option in SAMPLING_ONLY else "every line has"
+            raise UsageError(f"argument {own[option]}: has no effect: {reason} a {option} of its own")
     at_once = min(args.max_batch_size, max(1, len(requests)))  # the pool holds what the batch can at once
     engine = Engine(model, max_batch_size=at_once, kv_cache_tokens=args.kv_cache_tokens,
                     prefix_cache=not args.no_prefix_cache)
     try:
         engine.check_fits(requests)
-    except InputError as e:  # "prompt i: ... (kv_cache_tokens)", i counting the requests, the keyword the API's
-        i, message = re.fullmatch(r"prompt (\d+): (.*)", str(e), re.DOTALL).groups()
-        message = message.replace("(kv_cache_tokens)", "(--kv-cache-tokens)")
-        raise UsageError(f"{name} line {numbers[int(i)]}: {message}") from None
+    except InputError as e:  # e.prompt: the request's index
+        raise worded(e, args.parser, key, f"{name} line {numbers[e.prompt]}: ") from None
     return ids, requests, scoring, engine
 
 
@@ -207,11 +211,11 @@ def read_lines(path: str, name: str) -> Iterator[tuple[int, str]]:
         yield number + 1, utf8_text(pending, f"{name} line {number + 1}")
 
 
-def parse_line(model: Model, text: str, number: int, defaults: dict,
-               stop_at_eos: bool) -> tuple[object, Request, bool, set[str]]:
-    """One line checked: its id (default: its number), its request, with the options it overrides,
-    whether it scores its prompt, and the options it takes from the command line. The request's checks are the library's own
-    (make_request); only the JSON shapes are checked here."""
+def parse_line(model: Model, text: str, number: int, defaults: dict) -> tuple[object, Request, bool, set[str]]:
+    """One line checked: its id (default: its number), its request, with the options it overrides
+    (`defaults`: the command line's), whether it scores its prompt, and the options it takes from
+    the command line. The request's checks are the library's own (make_request); only the JSON
+    shapes are checked here."""
     try:
         line = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
@@ -236,10 +240,11 @@ def parse_line(model: Model, text: str, number: int, defaults: dict,
     if "prompt" in line and not isinstance(line["prompt"], str):
         raise InputError(f'prompt must be a string (token ids go in "prompt_ids"), got {reprlib.repr(line["prompt"])}')
     prompt = encode_prompt(model, line["prompt"]) if "prompt" in line else line["prompt_ids"]
-    options = {**defaults, **{key: line[key] for key in LINE_OPTIONS if key in line}}
+    options = {**defaults, **{key: from_json(key, line[key]) for key in LINE_OPTIONS if key in line}}
+    options = {key: value for key, value in options.items() if value is not None}  # null: the default
     taken = {key for key in LINE_OPTIONS if key not in line}
     scores = check_bool(line.get("prompt_logprobs", False), "prompt_logprobs")
-    return identity, make_request(model, prompt, stop_at_eos=stop_at_eos, **options), scores, taken
+    return identity, make_request(model, prompt, **options), scores, taken
 
 
 @contextmanager

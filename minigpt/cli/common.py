@@ -18,8 +18,8 @@ from ..errors import InputError, MinigptError
 from ..exact.kernels import KERNELS
 from ..loading.loader import load
 from ..loading.model import Model
-from ..loop.sampling import MAX_TOP_LOGPROBS
 from ..loading.tokenizer import encode, token_text, valid_text
+from ..scripted.options import OPTIONS, check_options
 
 
 class UsageError(InputError):
@@ -28,13 +28,24 @@ class UsageError(InputError):
     as argparse's own usage errors."""
 
 
-def check_option(option: str, check, *args):
-    """`check(*args)`, a library check of one option's value; its InputError becomes a usage error
-    naming the option as the user gave it (`stride must be ...` -> `argument --stride: ...`)."""
-    try:
-        return check(*args)
-    except InputError as e:
-        raise UsageError(f"argument {option}: {e}") from None
+def flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """A command's flags by the keyword they set (stop_at_eos -> --no-stop, kv_cache_tokens -> --kv-cache-tokens)."""
+    return {action.dest: max(action.option_strings, key=len) for action in parser._actions if action.option_strings}
+
+
+def worded(error: MinigptError, parser: argparse.ArgumentParser, name: Callable[[str], str] | None = None,
+           where: str = "") -> MinigptError:
+    """A library error as a command says it: every argument named by its flag (or by `name`, batch's
+    line keys), after `where` ("INPUT line 3: "). One about a flag of the command, and any with a
+    `where`, is a usage error (exit 2), the flag's in argparse's words: "argument --top-k: must be ...";
+    the others keep their class (exit 1)."""
+    own = flags(parser)
+    name = name or (lambda keyword: own.get(keyword, keyword))
+    if error.param is None and not where:
+        return error
+    if where or error.param not in own:
+        return (UsageError if where else type(error))(where + error.message(name))
+    return UsageError(f"argument {own[error.param]}: {error.message(name, subject=False)}")
 
 
 CHUNK = 1 << 16
@@ -95,28 +106,65 @@ def checked(parse, ok, requirement: str):
 
 positive_int = checked(int, lambda v: v >= 1, ">= 1")
 non_negative_int = checked(int, lambda v: v >= 0, ">= 0")
-non_negative_float = checked(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")  # NaN fails too
-probability = checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
-top_count = checked(int, lambda v: 0 <= v <= MAX_TOP_LOGPROBS, f"in 0..{MAX_TOP_LOGPROBS}")
 
 
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
-    """The options of a generation request, with `generate`'s defaults: greedy, stop at end of text."""
-    p.add_argument("--max-new-tokens", type=non_negative_int, default=40,
-                   help="at most this many new tokens (default 40)")
-    p.add_argument("--temperature", type=non_negative_float, default=0.0,
-                   help="0 is greedy (default); higher samples more freely")
-    p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=probability, default=None,
-                   help="sample among the smallest set holding this probability")
-    p.add_argument("--seed", type=non_negative_int, default=None, help="a seed makes sampling reproducible")
-    p.add_argument("--no-stop", action="store_true", help="keep going past <|endoftext|>")
-    p.add_argument("--stop", action="append", metavar="TEXT",
-                   help="end the text before this string; the tokens run to the one that completes it "
-                        "(repeatable: the first found ends)")
-    p.add_argument("--top-logprobs", type=top_count, default=0, metavar="N",
-                   help=f"also record the N most likely tokens at each step with their log-probabilities "
-                        f"(in JSON output; N at most {MAX_TOP_LOGPROBS}, as the OpenAI API allows)")
+def read_as(kind: type):
+    """An argparse type: a flag's text as an int or float when it reads as one, else the text itself,
+    which the option's check refuses naming it (one check, minigpt.scripted.options)."""
+    def read(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            return text
+
+    read.__name__ = kind.__name__
+    return read
+
+
+def id_and_value(text: str) -> tuple:
+    """An argparse type for ID=VALUE (--logit-bias 50256=-100), each side read as a number if it is one."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"must be ID=BIAS (a token id, =, a number), got {text}")
+    token, _, value = text.partition("=")
+    return read_as(int)(token), read_as(float)(value)
+
+
+METAVARS = {int: "N", float: "X", str: "TEXT", list: "TEXT", dict: "ID=BIAS"}
+FILES = {"json_schema": "FILE-or-JSON", "grammar": "FILE"}  # options whose flag names a file (or holds the JSON)
+
+
+def add_request_options(p: argparse.ArgumentParser, batched: bool) -> None:
+    """A flag for each request option (minigpt.scripted.options.OPTIONS; batched: those many prompts
+    take), with its help and default. A flag not given is None: `request_options` keeps only those given."""
+    for option in OPTIONS.values():
+        if batched and not option.batched:
+            continue
+        shown = "" if option.default in (None, True, False) else f" (default {option.default})"
+        if option.kind is bool:
+            p.add_argument(option.flag, dest=option.name, action="store_const", const=not option.default,
+                           help=option.help)
+        elif option.kind in (list, dict):
+            p.add_argument(option.flag, dest=option.name, action="append", metavar=METAVARS[option.kind],
+                           type=id_and_value if option.kind is dict else str, help=f"{option.help} (repeatable)")
+        else:
+            where = f" (a file, - for stdin{', or the JSON itself' if option.name == 'json_schema' else ''})" \
+                if option.name in FILES else ""
+            p.add_argument(option.flag, dest=option.name, type=read_as(option.kind),
+                           metavar=FILES.get(option.name, METAVARS[option.kind]), help=option.help + where + shown)
+
+
+def request_options(args: argparse.Namespace) -> dict:
+    """The request options given on the command line, checked before any work (an InputError names
+    the option; the command words it as its flag): keyword -> value."""
+    given = {name: getattr(args, name) for name in OPTIONS if getattr(args, name, None) is not None}
+    if "logit_bias" in given:
+        given["logit_bias"] = dict(given["logit_bias"])  # the last ID=BIAS of an id wins
+    for name in FILES.keys() & given.keys():
+        text = given[name]
+        if name != "json_schema" or not text.lstrip().startswith("{"):  # a schema's JSON is an object
+            given[name] = utf8_text(b"".join(input_chunks(text, OPTIONS[name].flag)), f"{OPTIONS[name].flag} {text!r}")
+    checked = check_options(given)
+    return {name: checked[name] for name in given}
 
 
 def top_logprobs_json(tokenizer, top_logprobs: list[list[tuple[int, float]]]) -> list[list[dict]]:

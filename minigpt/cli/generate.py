@@ -6,15 +6,15 @@ import argparse
 import sys
 
 from ..scripted.api import generate, stream
-from ..loading.checks import check_stop
+from ..scripted.options import OPTIONS, check_options
 from ..errors import MinigptError
 from ..loading.loader import load
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult
 from ..engine.speculative import DRAFT_TOKENS
 from ..loading.tokenizer import valid_text
-from .common import (UsageError, add_model_options, add_sampling_options, check_option, encode_prompt, load_model,
-                     positive_int, print_json, print_whole, top_logprobs_json)
+from .common import (UsageError, add_model_options, add_request_options, encode_prompt, load_model, positive_int,
+                     print_json, print_whole, request_options, top_logprobs_json)
 
 
 def add_parser(sub) -> None:
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
                                    "in the prompt is that special token, as in Hugging Face's tokenizer.")
     p.add_argument("prompt", help="the text to continue")
     add_model_options(p)
-    add_sampling_options(p)
+    add_request_options(p, batched=False)
     loop = p.add_mutually_exclusive_group()
     loop.add_argument("--no-cache", action="store_true", help="the naive loop: rerun the whole sequence every step")
     loop.add_argument("--speculate", metavar="ngram|SRC",
@@ -34,11 +34,8 @@ def add_parser(sub) -> None:
                            "other way); sampling: tokens from the same distribution, though a --seed gives others")
     p.add_argument("--draft-tokens", type=positive_int, default=None, metavar="K",
                    help=f"with --speculate: at most K guesses per step (default {DRAFT_TOKENS})")
-    p.add_argument("--truncate-prompt", action="store_true",
-                   help="if prompt + new tokens - 1 (the last is never fed) exceed the context, keep only the "
-                        "prompt's last tokens")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of streaming text")
-    p.set_defaults(run=run, top_logprobs=None)  # None: not given (see check_needed)
+    p.set_defaults(run=run)
 
 
 def check_needed(args: argparse.Namespace) -> None:
@@ -55,27 +52,31 @@ def check_needed(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    options = request_options(args)  # checked now, before the model is loaded
     check_needed(args)
     model = load_model(args)
     tokenizer = model.tokenizer
-    check_option("--stop", check_stop, model, args.stop)
     ids = encode_prompt(model, args.prompt)  # undecodable bytes in the argument are kept as byte tokens
     speculate = None
     if args.speculate is not None:
         speculate = "ngram" if args.speculate == "ngram" else load_draft(args)
-    options = dict(use_cache=not args.no_cache, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed, stop_at_eos=not args.no_stop, stop=args.stop,
-                   top_logprobs=args.top_logprobs or 0, truncate_prompt=args.truncate_prompt,
-                   speculate=speculate, draft_tokens=args.draft_tokens)
+    options.update(use_cache=not args.no_cache, speculate=speculate, draft_tokens=args.draft_tokens)
     if args.json:
-        print_json(as_json(generate(model, ids, args.max_new_tokens, **options), tokenizer, args))
+        print_json(as_json(generate(model, ids, **options), tokenizer, args, options))
         return 0
-    tokens = stream(model, ids, args.max_new_tokens, **options)  # checks everything before printing
+    tokens = stream(model, ids, **options)  # checks everything before printing
     sys.stdout.write_whole(valid_text(args.prompt))  # each piece to its last byte (Stream.write_whole)
     for token in tokens:  # each with the text it adds, once no stop string can take it back
         sys.stdout.write_whole(token.text)
     print_whole("")
     return 0
+
+
+def json_value(value: object) -> object:
+    """An option's checked value as JSON has it: a tuple as a list, logit_bias's ids as the keys' strings."""
+    if isinstance(value, dict):
+        return {str(key): item for key, item in value.items()}
+    return list(value) if isinstance(value, tuple) else value
 
 
 def load_draft(args: argparse.Namespace) -> Model:
@@ -86,14 +87,13 @@ def load_draft(args: argparse.Namespace) -> Model:
         raise type(e)(f"--speculate: {e}") from None
 
 
-def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace) -> dict:
-    """The run as one JSON document: every option that shaped it, then what it produced."""
-    document = {
-        "model": args.model, "kernels": args.kernels, "use_cache": result.use_cache,
-        "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-        "max_new_tokens": args.max_new_tokens, "stop": args.stop or [], "stop_at_eos": not args.no_stop,
-        "truncate_prompt": args.truncate_prompt, "speculate": args.speculate,
-    }
+def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace, options: dict) -> dict:
+    """The run as one JSON document: every option that shaped it (each request option, given or at
+    its default; top_logprobs's are the lists themselves), then what it produced."""
+    values = check_options({name: options[name] for name in OPTIONS if name in options})
+    document = {"model": args.model, "kernels": args.kernels, "use_cache": result.use_cache,
+                **{name: json_value(values[name]) for name in OPTIONS if name != "top_logprobs"},
+                "speculate": args.speculate}
     if args.speculate is not None:
         document.update(draft_tokens=args.draft_tokens or DRAFT_TOKENS, drafted=result.drafted,
                         accepted=result.accepted)

@@ -10,7 +10,7 @@ from ..loading.model import Model
 from ..scripted.api import score
 from ..loading.checks import check_stride
 from ..loading.tokenizer import token_text
-from .common import (UsageError, add_model_options, check_option, encode_prompt, input_chunks, load_model,
+from .common import (UsageError, add_model_options, encode_prompt, input_chunks, load_model,
                      positive_int, print_json, print_whole, table, utf8_text)
 
 # --file's bound: about a million GPT-2 tokens, an hour and more of windows for GPT-2 small on two cores,
@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     text = args.text if args.file is None else read_text(args.file)
     model = load_model(args)
-    stride = check_option("--stride", check_stride, args.stride, model.config.n_positions)
+    stride = check_stride(args.stride, model.config.n_positions)
     ids = encode_prompt(model, text)
     document = as_json(args, model, ids, stride, score(model, ids, stride))
     if args.json:

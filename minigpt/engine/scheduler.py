@@ -33,6 +33,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ..errors import InputError
 from ..gpt2.forward import GPT2
 from .paging import PAGE, PageKey, PagedCache, PagePool, PageScores, chained_hashes, page_hash, page_tokens
 from .batched import forward_batch
@@ -62,6 +63,7 @@ class Job:
     cached_tokens: int = 0  # prompt positions whose keys and values came from the prefix cache
     scores: list = field(default_factory=list)  # per prompt position: (logprob, top) or None
     status: Status = Status.QUEUED
+    error: InputError | None = None  # why its request could not go on (it was cancelled then)
 
     @property
     def scoring(self) -> bool:
@@ -166,7 +168,11 @@ class Scheduler:
             if job.scoring:
                 self._score_prompt(job, rows)
             if not job.seq.done:
-                job.seq.append(job.seq.choose(rows[-1]), rows[-1], time.perf_counter() - clock)
+                try:
+                    job.seq.append(job.seq.choose(rows[-1]), rows[-1], time.perf_counter() - clock)
+                except InputError as e:  # its own processing gave up (a grammar beyond its library's limits):
+                    job.error, job.status = e, Status.CANCELLED  # it alone ends, the batch goes on
+                    continue
                 produced += 1
             if self.prefix_cache:
                 self._register(job, rows)

@@ -14,13 +14,17 @@ The model checks the drafts in one forward over [last token, d1 .. dk]. Row i of
 the next-token distribution after d1 .. di; with the exact kernels it is bitwise the row plain
 decoding computes there (each row's arithmetic is independent of the others, minigpt.exact.kernels).
 
-- Greedy: accept drafts while they equal the model's argmax, then take the model's own token.
-  The tokens are those of plain greedy decoding, bit for bit.
+- Greedy: accept drafts while they equal the token plain decoding chooses from their row, then
+  take that token. The tokens are those of plain greedy decoding, bit for bit.
 - Sampling: the rule of Leviathan et al. 2023 and Chen et al. 2023. Accept draft x with
   probability min(1, p(x) / q(x)); on a rejection draw from max(p - q, 0), normalised. p and q
   are the model's and the drafter's distributions after the same temperature, top-k and top-p;
   a drafter without probabilities (prompt lookup) has q = one-hot. Every token is then
   distributed exactly as the model's own sample would be.
+
+Both choose through the sequence, so a request's logits processing (bias, penalties, constraints:
+minigpt.loop.processing) applies to every row, and row i is processed only once the drafts before it
+are kept: a rejected draft never reaches a processor.
 
 The model's cache is cut back past the rejected drafts (KVCache.truncate), and
 k adapts: it grows while all drafts are accepted, shrinks on a rejection down to 0 (plain steps),
@@ -39,7 +43,7 @@ import numpy as np
 
 from ..gpt2.forward import GPT2
 from ..cache.kv_cache import forward_cached, new_cache
-from ..loop.sampling import SamplingOptions, filtered_log_probs
+from ..loop.sampling import SamplingOptions, probabilities
 from ..loop.sequence import Sequence, check_finite
 
 MAX_NGRAM = 3  # prompt lookup tries the last 3, then 2, then 1 tokens
@@ -99,24 +103,13 @@ class ModelDrafter:
             if options.temperature == 0:
                 tokens.append(int(np.argmax(logits)))
             else:
-                probs = np.exp(filtered_log_probs(logits, options))
+                probs = probabilities(logits, options)
                 tokens.append(int(rng.choice(probs.size, p=probs / probs.sum())))
                 q.append(probs)
         return tokens, (np.stack(q) if q else None)
 
     def accepted(self, n_positions):
         self.cache.truncate(min(self.cache.length, n_positions))
-
-
-def verify_greedy(logits: np.ndarray, drafts: list[int]) -> list[int]:
-    """Greedy verification: the model's tokens for rows 0 .. n of logits [k+1, vocab] while they
-    confirm the drafts; the last one is the model's own (a correction or the bonus token)."""
-    out = []
-    for row, draft in zip(logits, [*drafts, None]):
-        out.append(int(np.argmax(row)))
-        if out[-1] != draft:
-            break
-    return out
 
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -126,21 +119,39 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return r / r.sum() if r.sum() > 0 else p / p.sum()
 
 
-def verify_sampled(p: np.ndarray, q: np.ndarray | None, drafts: list[int], rng: np.random.Generator) -> list[int]:
-    """Speculative sampling over p [k+1, vocab] (the model's filtered distributions) and q [k, vocab]
-    (the drafter's; None: one-hot at the drafts): the accepted drafts, then one token drawn from
-    the residual at the first rejection, or from p after the last draft."""
-    out = []
-    for i, draft in enumerate(drafts):
-        q_i = np.eye(1, p.shape[1], draft)[0] if q is None else q[i]
-        if rng.random() * q_i[draft] < p[i, draft]:  # probability min(1, p/q) without dividing
-            out.append(draft)
-            continue
-        r = residual(p[i], q_i)
-        out.append(int(rng.choice(r.size, p=r)))
-        return out
-    out.append(int(rng.choice(p.shape[1], p=p[-1] / p[-1].sum())))
-    return out
+def judge(p: np.ndarray, q: np.ndarray | None, draft: int, rng: np.random.Generator) -> tuple[int, bool]:
+    """Speculative sampling's rule for one draft, p [vocab] the model's distribution after the tokens
+    kept so far and q [vocab] the drafter's (None: one-hot at the draft): (the draft, True) with
+    probability min(1, p/q), else (a token drawn from the residual, False)."""
+    q = np.eye(1, p.size, draft)[0] if q is None else q
+    if rng.random() * q[draft] < p[draft]:  # probability min(1, p/q) without dividing
+        return draft, True
+    r = residual(p, q)
+    return int(rng.choice(r.size, p=r)), False
+
+
+def verify(seq: Sequence, logits: np.ndarray, drafts: list[int], q: np.ndarray | None, seconds: float) -> int:
+    """Check the drafts against the model's rows [n+1, vocab] (row i: after the drafts before it) and
+    append to `seq` the tokens it keeps: the accepted drafts, then the model's own token (a
+    correction, or the bonus token after the last draft). Greedy, a draft is accepted when it is the
+    token plain decoding chooses; sampling, by `judge`. Row i is processed (minigpt.loop.processing)
+    only once the drafts before it are kept. Returns how many drafts were kept."""
+    kept = 0
+    for i, row in enumerate(logits):
+        if i == len(drafts):
+            token, accepted = seq.choose(row), False
+        elif seq.request.sampling.temperature == 0:
+            token = seq.choose(row)
+            accepted = token == drafts[i]
+        else:
+            token, accepted = judge(seq.probabilities(row), None if q is None else q[i], drafts[i], seq.rng)
+        seq.append(token, row, seconds)
+        if not accepted:
+            break
+        kept += 1
+        if seq.done:
+            break
+    return kept
 
 
 def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: int) -> Iterator[None]:
@@ -163,19 +174,7 @@ def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: 
                 drafts, q = [], None
                 logits = forward_cached(gpt, ids[start:], cache, logits_to_keep=1)
             check_finite(logits)
-        if options.temperature == 0:
-            chosen = verify_greedy(logits, drafts)
-        else:
-            p = np.exp(np.stack([filtered_log_probs(row, options) for row in logits]))
-            chosen = verify_sampled(p, q, drafts, seq.rng)
-        seconds = time.perf_counter() - clock
-        appended = 0
-        for token, row in zip(chosen, logits):
-            seq.append(token, row, seconds)
-            appended += 1
-            if seq.done:
-                break
-        n_accepted = min(len(chosen) - 1, appended)
+        n_accepted = verify(seq, logits, drafts, q, time.perf_counter() - clock)
         cache.truncate(len(ids) + n_accepted)  # keep the accepted drafts' keys, drop the rejected ones
         drafter.accepted(len(ids) + n_accepted)
         seq.drafted += proposed

@@ -14,13 +14,12 @@ from numbers import Integral
 import numpy as np
 
 from ..gpt2.config import GPT2Config
-from ..errors import ConfigError, ContextLengthError, DrafterError, InputError, MinigptError, check_int, shown
+from ..errors import ConfigError, ContextLengthError, DrafterError, InputError, check_int, is_int, shown
 from ..gpt2.forward import GPT2
 from ..cache.kv_cache import KVCache
 from ..gpt2.layers import Kernels
 from ..engine.paging import PagedCache
 from ..gpt2.params import GPT2Params
-from ..loop.sampling import SamplingOptions
 from ..loop.sequence import context_error, positions_needed
 from ..engine.speculative import DRAFT_TOKENS, Drafter, ModelDrafter, NGramDrafter
 from .weights import expected_shapes, params_to_tensors
@@ -31,14 +30,15 @@ def check_config(config: object) -> GPT2Config:
     if not isinstance(config, GPT2Config):
         raise InputError(f"config must be a GPT2Config, got {type(config).__name__}")
     for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
-        check_int(getattr(config, name), f"config field {name!r}", 1, ConfigError)
+        if not is_int(value := getattr(config, name)) or value < 1:
+            raise ConfigError(f"config field {name!r} must be an integer >= 1, got {shown(value)}")
     if config.n_embd % config.n_head:
         raise ConfigError(f"config field 'n_embd' ({config.n_embd}) must be divisible by 'n_head' ({config.n_head})")
     eps = config.layer_norm_epsilon
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
         raise ConfigError(f"config field 'layer_norm_epsilon' must be a number in (0, 1), got {eps!r}")
     eos = config.eos_token_id
-    if eos is not None and check_int(eos, "config field 'eos_token_id'", 0, ConfigError) >= config.vocab_size:
+    if eos is not None and (not is_int(eos) or not 0 <= eos < config.vocab_size):
         raise ConfigError(f"config field 'eos_token_id' must be an integer in [0, {config.vocab_size}), got {eos!r}")
     return config
 
@@ -76,22 +76,25 @@ def check_parts(params: object, config: object, kernels: object) -> None:
         _CHECKED[params] = config
 
 
-def check_ids(ids, vocab_size: int) -> np.ndarray:
-    """Token ids as a 1-D int64 array, or InputError naming the first offending id.
+def check_ids(ids, vocab_size: int, name: str = "ids") -> np.ndarray:
+    """Token ids as a 1-D int64 array, or InputError about the argument `name` naming the first
+    offending id.
 
     Only integers are ids: floats (even 2.0), bools and strings are refused, never cast.
     """
     if isinstance(ids, (str, bytes)):
-        raise InputError(f"token ids must be integers, got the text {reprlib.repr(ids)}; encode it first "
-                         "(minigpt.encode)")
+        raise InputError("token ids must be integers, got the text {value}; encode it first (minigpt.encode)", name,
+                         value=reprlib.repr(ids))
     arr = np.array(ids, dtype=object)  # element by element, whatever the sequence holds
     if arr.ndim != 1:
-        raise InputError(f"token ids must be a 1-D sequence, got {type(ids).__name__} of shape {arr.shape}")
+        raise InputError("token ids must be a 1-D sequence, got {kind} of shape {shape}", name,
+                         kind=type(ids).__name__, shape=arr.shape)
     for i, t in enumerate(arr.tolist()):
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-            raise InputError(f"token id at index {i} is {shown(t)}, not an integer")
+            raise InputError("token id at index {index} is {value}, not an integer", name, index=i, value=shown(t))
         if not 0 <= t < vocab_size:
-            raise InputError(f"token id {shown(t)} at index {i} is outside [0, {vocab_size})")
+            raise InputError("token id {value} at index {index} is outside [0, {vocab_size})", name, value=shown(t),
+                             index=i, vocab_size=vocab_size)
     return arr.astype(np.int64)
 
 
@@ -147,20 +150,6 @@ def check_room(config: GPT2Config, cache: KVCache | PagedCache, T: int) -> None:
         raise ContextLengthError(f"{start} cached + {T} new positions exceed {limit}")
 
 
-def check_sampling(temperature, top_k, top_p, seed) -> SamplingOptions:
-    """SamplingOptions from a caller's values, each checked."""
-    t, k, p = temperature, top_k, top_p
-    if not 0 <= as_float(t) < float("inf"):  # NaN fails too
-        raise InputError(f"temperature must be a finite number >= 0, got {shown(t)}")
-    if k is not None:
-        check_int(k, "top_k", 1)
-    if p is not None and not 0 < as_float(p) <= 1:
-        raise InputError(f"top_p must be a number in (0, 1], got {shown(p)}")
-    if seed is not None:
-        check_int(seed, "seed", 0)
-    return SamplingOptions(t, k, p, seed)
-
-
 def as_float(value: object) -> float:
     """`value` as the float NumPy computes with, if it is a Python or NumPy int or float (not a bool)
     that a float64 holds; else NaN, which fails every range check. Other numbers (Fraction, Decimal)
@@ -173,65 +162,36 @@ def as_float(value: object) -> float:
         return math.nan
 
 
-TRUNCATE_HINT = " or keep only the prompt's last tokens (truncate_prompt=True)"
-
-
-def with_truncate_hint(error: MinigptError, hint: str) -> MinigptError:
-    """`error` with prepare_prompt's hint replaced by `hint`: a caller names its own option (the
-    CLI's --truncate-prompt), or gives "" where it offers none (generate_batch, most commands)."""
-    if TRUNCATE_HINT not in str(error):
-        return error
-    return type(error)(str(error).replace(TRUNCATE_HINT, hint))
-
-
-def prepare_prompt(model: GPT2, prompt_ids, max_new_tokens: int, truncate_prompt: bool = False) -> list[int]:
+def prepare_prompt(model: GPT2, prompt_ids, max_new_tokens: int, truncate_prompt: bool | None = None) -> list[int]:
     """Check a prompt before any work: ids, lengths, and that the generation fits in n_positions
     (positions_needed: the last new token is never fed, so prompt + new tokens - 1 positions).
 
     An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do. With
-    `truncate_prompt`, a prompt too long to leave room for the new tokens keeps its last tokens.
+    `truncate_prompt`, a prompt too long to leave room for the new tokens keeps its last tokens;
+    None: the caller has no such option, and the error offers none.
     """
     max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 0)
     config = model.config
-    ids = check_ids(prompt_ids, config.vocab_size).tolist()
+    ids = check_ids(prompt_ids, config.vocab_size, "prompt_ids").tolist()
     if not ids:
         if config.eos_token_id is None:
-            raise InputError("the prompt is empty and this model's vocabulary has no <|endoftext|> to start from")
+            raise InputError("the prompt is empty and this model's vocabulary has no <|endoftext|> to start from",
+                             "prompt_ids")
         ids = [config.eos_token_id]
     room = config.n_positions - positions_needed(0, max_new_tokens)  # the longest prompt that fits
     if len(ids) > room:
         if not truncate_prompt or room < 1:
-            raise context_error(config.n_positions, len(ids), max_new_tokens, TRUNCATE_HINT if room >= 1 else "")
+            raise context_error(config.n_positions, len(ids), max_new_tokens, "prompt_ids",
+                                truncatable=truncate_prompt is not None and room >= 1)
         ids = ids[-room:]
     return ids
-
-
-def check_stop(model: GPT2, stop) -> tuple[str, ...]:
-    """Stop strings as a tuple of non-empty strings; they need the model's tokenizer to be matched."""
-    if stop is None:
-        return ()
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
-        raise InputError(f"stop must be a list of strings, got {shown(stop)}")
-    for s in stop:
-        if not s:
-            raise InputError("a stop string must not be empty")
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InputError(f"stop string {shown(s)} is not valid Unicode text") from None
-    if stop and getattr(model, "tokenizer_loader", None) is None:
-        raise InputError(f"stop strings need the model's tokenizer, and this model's vocabulary "
-                         f"({model.config.vocab_size} tokens) is not GPT-2's")
-    return tuple(stop)
 
 
 def check_stride(stride, n_positions: int) -> int:
     """The tokens each window after the first scores: default n_positions // 2 (at least 1); 1 .. n_positions."""
     if stride is None:
         return max(1, n_positions // 2)
-    if isinstance(stride, bool) or not isinstance(stride, Integral) or not 1 <= stride <= n_positions:
-        raise InputError(f"stride must be an integer in 1..{n_positions} (n_positions), got {shown(stride)}")
-    return int(stride)
+    return check_int(stride, "stride", 1, n_positions)
 
 
 def check_speculation(model: GPT2, speculate, draft_tokens: int | None, max_positions: int) -> tuple[Drafter, int]:
@@ -241,20 +201,23 @@ def check_speculation(model: GPT2, speculate, draft_tokens: int | None, max_posi
     draft_tokens = check_int(DRAFT_TOKENS if draft_tokens is None else draft_tokens, "draft_tokens", 1)
     if isinstance(speculate, str):
         if speculate != "ngram":
-            raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {shown(speculate)}")
+            raise InputError("{speculate} must be 'ngram', a draft model or a drafter, got {value}", "speculate",
+                             value=shown(speculate))
         return NGramDrafter(), draft_tokens
     if isinstance(speculate, type):
-        raise InputError(f"speculate got the class {speculate.__name__}: give an instance, {speculate.__name__}(...)")
+        raise InputError("{speculate} got the class {value}: give an instance, {value}(...)", "speculate",
+                         value=speculate.__name__)
     if not isinstance(speculate, GPT2):
         if callable(getattr(speculate, "propose", None)) and callable(getattr(speculate, "accepted", None)):
             return CheckedDrafter(speculate, model.config.vocab_size), draft_tokens
-        raise InputError(f"speculate must be 'ngram', a draft model or a drafter, got {type(speculate).__name__}")
+        raise InputError("{speculate} must be 'ngram', a draft model or a drafter, got {value}", "speculate",
+                         value=type(speculate).__name__)
     if speculate.config.vocab_size != model.config.vocab_size:
         raise InputError(f"the draft model's vocabulary has {speculate.config.vocab_size} tokens and the "
-                         f"model's {model.config.vocab_size}: a draft must share the model's vocabulary")
+                         f"model's {model.config.vocab_size}: a draft must share the model's vocabulary", "speculate")
     if max_positions > speculate.config.n_positions:
         raise ContextLengthError(f"this request needs {max_positions} positions and the draft model's context "
-                                 f"holds {speculate.config.n_positions} (n_positions)")
+                                 f"holds {speculate.config.n_positions} (n_positions)", "speculate")
     return ModelDrafter(speculate, max_positions), draft_tokens
 
 
@@ -288,7 +251,7 @@ def check_proposal(drafter: Drafter, proposal, k: int, vocab_size: int) -> tuple
         raise breach(f"{type(proposal).__name__} {shown(proposal)}")
     drafts, q = proposal
     try:
-        drafts = check_ids(drafts, vocab_size).tolist()
+        drafts = check_ids(drafts, vocab_size, "drafts").tolist()
     except InputError as e:
         raise breach(f"drafts that are no token ids ({e})") from None
     if len(drafts) > k:

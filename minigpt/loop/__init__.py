@@ -3,9 +3,10 @@ measuring the cost staircase of "The Autoregressive Loop & Cost" and the arithme
 (docs/the-loop.md, docs/sampling.md, docs/staircase.md).
 
 Modules, in reading order:
-    sampling   greedy, temperature, top-k, top-p; log-probabilities
-    sequence   a request's tokens, log-probabilities and stopping rules
-    loops      the naive loop and the cached loop
-    cost       what the loop costs, by arithmetic
-    staircase  what it costs, measured, with and without the cache
+    sampling    greedy, temperature, top-k, top-p; log-probabilities
+    processing  what a request does to the logits before sampling: bias, penalties, constraints
+    sequence    a request's tokens, log-probabilities and stopping rules
+    loops       the naive loop and the cached loop
+    cost        what the loop costs, by arithmetic
+    staircase   what it costs, measured, with and without the cache
 """

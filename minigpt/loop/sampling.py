@@ -40,11 +40,16 @@ def filtered_log_probs(logits: np.ndarray, options: SamplingOptions) -> np.ndarr
     return z - np.log(np.exp(z).sum())
 
 
+def probabilities(logits: np.ndarray, options: SamplingOptions) -> np.ndarray:
+    """float64 [vocab]: what sampling draws from, exp(filtered_log_probs) (summing to 1 up to rounding)."""
+    return np.exp(filtered_log_probs(logits, options))
+
+
 def next_token(logits: np.ndarray, options: SamplingOptions, rng: np.random.Generator) -> int:
     """One token id from one row of logits [vocab]."""
     if options.temperature == 0:
         return int(np.argmax(logits))
-    probs = np.exp(filtered_log_probs(logits, options))
+    probs = probabilities(logits, options)
     return int(rng.choice(probs.size, p=probs / probs.sum()))
 
 

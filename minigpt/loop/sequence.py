@@ -6,13 +6,19 @@ decoding (minigpt.engine.speculative) and the engine (minigpt.engine.scheduler).
 and stop alike, and a sequence's result does not depend on which loop produced it.
 
 A sequence ends at the first of: its end-of-text token (`stop_at_eos`), `max_new_tokens` tokens,
-or a stop string in its new text. Stop strings are matched on the UTF-8 bytes of the new tokens, so
+a stop string in its new text, or a processor saying nothing may follow (a grammar matched whole);
+with `min_tokens`, neither the end-of-text token nor a stop string ends it within its first
+min_tokens tokens (vLLM's rule: the token is banned from being chosen, and a stop string counts only
+when a later token completes it). Stop strings are matched on the UTF-8 bytes of the new tokens, so
 across token boundaries, as OpenAI's API, vLLM, Hugging Face and lm-evaluation-harness do them: the
 text ends immediately before the first stop string (a token that straddles it gives its text before
 the stop), and the tokens run up to and including the one that completed the stop string, each with
 its log-probability. Matching costs time linear in the new bytes, however many bytes are held back
 and however many stop strings there are (`StopMatcher`). Each token's share of the text is final
 once no stop string can begin before its end: `stream` yields it then (docs/sampling.md).
+
+A sequence chooses each token from its row of logits as its request's logits processing leaves it
+(minigpt.loop.processing: bias, penalties, constraints), and reports the log-probabilities of the raw row.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ContextLengthError, NumericalError, shown
-from .sampling import SamplingOptions, log_softmax, next_token, token_log_prob, top_log_probs
+from .processing import Processing
+from .sampling import SamplingOptions, log_softmax, next_token, probabilities, token_log_prob, top_log_probs
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,8 @@ class Request:
     stop: tuple[str, ...] = ()
     top_logprobs: int = 0
     token_bytes: Callable[[int], bytes] | None = None  # the tokenizer's; None: no text, no stop strings
+    min_tokens: int = 0  # no end (eos_token_id, a stop string) within the first min_tokens new tokens
+    processing: tuple[Processing, ...] = ()  # applied in this order to the logits that choose each token
 
     @property
     def max_positions(self) -> int:
@@ -51,11 +60,15 @@ def positions_needed(prompt_len: int, max_new_tokens: int) -> int:
     return prompt_len + max(max_new_tokens, 1) - 1
 
 
-def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, hint: str = "") -> ContextLengthError:
-    """The error for a prompt and new tokens that do not fit in the context; `hint`: another way out."""
-    return ContextLengthError(f"prompt of {prompt_len} tokens + {shown(max_new_tokens)} new tokens need "
-                              f"{shown(positions_needed(prompt_len, max_new_tokens))} positions (the last new token is "
-                              f"never fed), beyond the context of {n_positions} (n_positions); shorten them{hint}")
+def context_error(n_positions: int, prompt_len: int, max_new_tokens: int, param: str,
+                  truncatable: bool = False) -> ContextLengthError:
+    """The error for a prompt and new tokens that do not fit in the context, about the argument
+    `param`; truncatable: keeping the prompt's last tokens (truncate_prompt) would make them fit."""
+    hint = " or keep only the prompt's last tokens ({truncate_prompt})" if truncatable else ""
+    return ContextLengthError("prompt of {prompt_len} tokens + {new} new tokens need {positions} positions (the last "
+                              "new token is never fed), beyond the context of {n_positions} (n_positions); shorten "
+                              "them" + hint, param, prompt_len=prompt_len, new=shown(max_new_tokens),
+                              positions=shown(positions_needed(prompt_len, max_new_tokens)), n_positions=n_positions)
 
 
 @dataclass(frozen=True)
@@ -113,8 +126,9 @@ class StopMatcher:
         self.matched = [0] * len(stops)  # per stop string: the prefix of it the bytes end with
         self.length = 0  # bytes fed so far
 
-    def feed(self, data: bytes) -> int | None:
-        """Take the next bytes; the offset where the earliest stop string completed in them begins, or None."""
+    def feed(self, data: bytes, counting: bool = True) -> int | None:
+        """Take the next bytes; the offset where the earliest stop string completed in them begins, or
+        None. Not `counting` (within min_tokens), a stop string completed in them is passed over."""
         first = None
         for j, (stop, table) in enumerate(zip(self.stops, self.tables)):
             k = self.matched[j]
@@ -123,7 +137,9 @@ class StopMatcher:
                     k = table[k - 1]
                 if stop[k] == byte:
                     k += 1
-                if k == len(stop):  # this stop string's first occurrence: later ones begin later
+                if k == len(stop) and not counting:
+                    k = table[k - 1]  # go on matching, as after a mismatch
+                elif k == len(stop):  # this stop string's first occurrence: later ones begin later
                     start = self.length + i + 1 - k
                     first = start if first is None else min(first, start)
                     break
@@ -167,8 +183,11 @@ class Sequence:
         self._cut: int | None = None  # where the first stop string begins in _bytes, once found
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
         self._stops = StopMatcher(tuple(s.encode() for s in self.request.stop)) if self.request.stop else None
+        self.processors = [processing.start(self.request.prompt) for processing in self.request.processing]
         if self.request.max_new_tokens == 0:
             self.finish_reason = "length"
+        elif any(processor.complete for processor in self.processors):  # a grammar the empty text matches whole
+            self.finish_reason = "stop"
 
     @property
     def done(self) -> bool:
@@ -179,17 +198,37 @@ class Sequence:
         """The whole sequence so far: prompt and new tokens."""
         return [*self.request.prompt, *self.tokens]
 
+    def processed(self, logits: np.ndarray) -> np.ndarray:
+        """One row of raw logits [vocab] as this sequence chooses from it now: the row itself when nothing
+        processes it, else a float64 copy [vocab] through every processor, then the end-of-text token
+        banned (-inf) while fewer than min_tokens tokens are kept (minigpt.loop.processing)."""
+        eos, banned = self.request.eos_token_id, len(self.tokens) < self.request.min_tokens
+        if not self.processors and not (banned and eos is not None):
+            return logits
+        z = logits.astype(np.float64)
+        for processor in self.processors:
+            processor.apply(z)
+        if banned and eos is not None:
+            z[eos] = -np.inf
+        return z
+
     def choose(self, logits: np.ndarray) -> int:
         """The next token from one row of logits [vocab], with this sequence's options and generator."""
         check_finite(logits)
-        return next_token(logits, self.request.sampling, self.rng)
+        return next_token(self.processed(logits), self.request.sampling, self.rng)
+
+    def probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """float64 [vocab]: the distribution `choose` samples from, for one row of finite logits [vocab]."""
+        return probabilities(self.processed(logits), self.request.sampling)
 
     def append(self, token: int, logits: np.ndarray, seconds: float) -> None:
         """Record a new token, chosen from `logits` (its row [vocab]), and end the sequence if it must."""
         if self.done:
             raise RuntimeError("append to a finished sequence")
         self.tokens.append(token)
-        self.logprobs.append(token_log_prob(logits, token))
+        for processor in self.processors:
+            processor.advance(token)
+        self.logprobs.append(token_log_prob(logits, token))  # the raw row's: processing changes no report
         if self.request.top_logprobs:
             self.top_logprobs.append(top_log_probs(log_softmax(logits), self.request.top_logprobs))
         self.seconds.append(seconds)
@@ -197,10 +236,13 @@ class Sequence:
             self.finish_reason = "eos"
         elif self.request.token_bytes is not None:
             data = self.request.token_bytes(token)
-            if self._stops is not None and (cut := self._stops.feed(data)) is not None:
+            counting = len(self.tokens) > self.request.min_tokens
+            if self._stops is not None and (cut := self._stops.feed(data, counting)) is not None:
                 self._cut, self.finish_reason = cut, "stop"
             self._bytes += data
         self._ends.append(len(self._bytes))
+        if not self.done and any(processor.complete for processor in self.processors):
+            self.finish_reason = "stop"  # the text matches its grammar whole: nothing may follow
         if not self.done and len(self.tokens) == self.request.max_new_tokens:
             self.finish_reason = "length"
         self._release()

@@ -57,7 +57,7 @@ def measure(gpt: GPT2, prompt_tokens: int, new_tokens: int, on_step: OnStep | No
     The sizes are checked before any work: a request too long for the context fails at once."""
     prompt_tokens, new_tokens = check_int(prompt_tokens, "prompt_tokens", 1), check_int(new_tokens, "new_tokens", 1)
     if positions_needed(prompt_tokens, new_tokens) > gpt.config.n_positions:
-        raise context_error(gpt.config.n_positions, prompt_tokens, new_tokens)
+        raise context_error(gpt.config.n_positions, prompt_tokens, new_tokens, "prompt_tokens")
     prompt = fixed_prompt(gpt, prompt_tokens)
     timed(gpt, prompt[:1], 1, "cached")  # the first BLAS calls, every weight's pages touched once
     seconds = {mode: timed(gpt, prompt, new_tokens, mode, on_step) for mode in MODES}

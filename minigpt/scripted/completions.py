@@ -1,11 +1,13 @@
 """OpenAI's completions API over minigpt, without the HTTP: a request body checked into minigpt
 Requests, and results shaped into OpenAI's JSON (minigpt.scripted.serve puts it on a socket).
 
-Every option is checked by the library's own checks (make_request, check_ids, check_stop), so the
-server refuses exactly what `minigpt.generate` refuses, with the library's message (its keyword
-names replaced by the API's: max_new_tokens is max_tokens, top_logprobs is logprobs). A choice is
-one Request; choice j of a prompt samples with seed + j, so each equals `minigpt.generate` with
-that seed alone (docs/serving.md).
+The fields are the declared options' (minigpt.scripted.options.OPTIONS: each option's `field`) and
+the API's own (n, best_of, echo, stream, ...). Every option is checked by the library's own checks
+(make_request), so the server refuses exactly what `minigpt.generate` refuses, with the library's
+message naming the API's fields (max_tokens where the library says max_new_tokens) and the field in
+the error's `param`. A choice is one Request; choice j of a prompt samples with seed + j, so each
+equals `minigpt.generate` with that seed alone. With best_of, candidate j of a prompt samples with
+seed + j, and the n with the highest cumulative log-probability are its choices (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -13,39 +15,44 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import json
-import re
 import secrets
 import time
 from dataclasses import dataclass
 from typing import Iterator
 
 from .api import make_request
+from .options import OPTIONS, from_json
+from .structured import CONSTRAINTS
 from ..errors import ContextLengthError, InputError, MinigptError, check_int
 from ..loading.model import Model
+from ..loop.sampling import MAX_TOP_LOGPROBS
 from ..loop.sequence import GenerationResult, Request, StreamedToken
 from ..loading.tokenizer import encode, token_text
 
-DEFAULT_MAX_TOKENS = 16  # OpenAI's
-MAX_LOGPROBS = 20  # OpenAI's bound on `logprobs`
+DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}  # OpenAI's, where they are not the library's
 MAX_N = 128  # OpenAI's bound on `n`
+MAX_BEST_OF = 20  # OpenAI's bound on `best_of`
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 32, 1000  # stop strings are matched at every token: bounded, as OpenAI bounds them
-FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop", "logprobs", "echo",
-          "stream", "stream_options", "ignore_eos", "user",
-          "suffix", "best_of", "logit_bias", "presence_penalty", "frequency_penalty")  # the last five: only if inert
+# options whose field the API shapes its own way (a constraint comes from one of several fields)
+READ_HERE = ("stop_at_eos", "top_logprobs", "stop", *CONSTRAINTS)
+FIELDS = ("model", "prompt", "n", "best_of", "echo", "stream", "stream_options", "user", "suffix",
+          "structured_outputs", "response_format", *(o.field for o in OPTIONS.values() if o.field))  # suffix: only null
+STRUCTURED = {"regex": "regex", "json": "json_schema", "choice": "choice", "grammar": "grammar",
+              "json_object": "json_schema"}  # vLLM's structured_outputs keys -> the library's keywords
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
-LIBRARY_NAMES = {"max_new_tokens": "max_tokens", "top_logprobs": "logprobs"}  # the library's keyword -> the API's
-PARAM_OF_MESSAGE = (("token id", "prompt"), ("the prompt", "prompt"), ("temperature", "temperature"),
-                    ("top_k", "top_k"), ("top_p", "top_p"), ("seed", "seed"), ("max_new_tokens", "max_tokens"),
-                    ("top_logprobs", "logprobs"), ("stop", "stop"), ("a stop string", "stop"))
 
 
 class APIError(InputError):
-    """A request the API refuses: OpenAI's error body {"error": {message, type, param, code}} and a status."""
+    """A request the API refuses: OpenAI's error body {"error": {message, type, param, code}} and a
+    status. Its message is final, worded as the API names its fields; `param` is the field."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
                  kind: str = "invalid_request_error"):
         super().__init__(message)
         self.param, self.code, self.status, self.kind = param, code, status, kind
+
+    def message(self, name=str, subject: bool = True) -> str:
+        return self.args[0]
 
     def body(self) -> dict:
         return {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}}
@@ -55,9 +62,10 @@ class APIError(InputError):
 class Completion:
     """A checked completions request: one Request per prompt, and how to answer."""
 
-    requests: list[Request]  # one per prompt; choice j of prompt i is choice i * n + j
+    requests: list[Request]  # one per prompt; candidate j of prompt i is candidate i * best_of + j
     n: int
-    seed: int  # the request's, or drawn for it: choice j samples with seed + j
+    best_of: int  # candidates per prompt (n unless asked for): the n best are its choices
+    seed: int  # the request's, or drawn for it: candidate j samples with seed + j
     echo: bool
     logprobs: int | None  # None: no logprobs; 0: the chosen tokens' only; N: and the N most likely
     stream: bool
@@ -69,11 +77,23 @@ class Completion:
         """echo with logprobs: the prompt's tokens are scored too."""
         return self.echo and self.logprobs is not None
 
-    def choices(self) -> Iterator[Request]:
-        """Every choice's Request, in choice order: prompt i's with seed + j for its choice j."""
+    def candidates(self) -> Iterator[Request]:
+        """Every candidate's Request, in order: prompt i's with seed + j for its candidate j."""
         for request in self.requests:
-            for j in range(self.n):
+            for j in range(self.best_of):
                 yield dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=self.seed + j))
+
+    def choices(self, results: list[GenerationResult]) -> list[GenerationResult]:
+        """The choices among the candidates' results (in candidate order): each prompt's candidates
+        themselves, or with best_of > n its n of highest cumulative log-probability, highest first
+        (the earlier candidate first on a tie)."""
+        if self.best_of == self.n:
+            return results
+        chosen = []
+        for i in range(0, len(results), self.best_of):
+            candidates = results[i:i + self.best_of]
+            chosen += sorted(candidates, key=lambda r: -sum(r.logprobs))[:self.n]
+        return chosen
 
 
 def parse_json(body: bytes) -> dict:
@@ -108,43 +128,93 @@ def unique_keys(pairs: list[tuple[str, object]]) -> dict:
 
 def check_completion(model: Model, served_name: str, body: dict, capacity: int) -> Completion:
     """A completions body checked before any work (APIError naming the field), with OpenAI's defaults:
-    max_tokens 16, temperature 1, n 1, and a seed drawn from the system's randomness when none is given.
-    More choices than `capacity` (what the server can ever hold in flight) is a 400, counted before any
-    prompt is encoded."""
+    max_tokens 16, temperature 1, n 1, best_of n, and a seed drawn from the system's randomness when
+    none is given. More candidates than `capacity` (what the server can ever hold in flight) is a 400,
+    counted before any prompt is encoded."""
     unknown = [key for key in body if key not in FIELDS]
     if unknown:
         raise APIError(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])
     check_model_name(body.get("model"), served_name)
+    option(body, "suffix", None, lambda v: False, "null (minigpt does not insert text)")
     n = option(body, "n", 1, lambda v: check_int(v, "n", 1) <= MAX_N, f"an integer in 1..{MAX_N}")
-    check_unsupported(body, n)
-    logprobs = option(body, "logprobs", None, lambda v: 0 <= check_int(v, "logprobs", 0) <= MAX_LOGPROBS,
-                      f"an integer in 0..{MAX_LOGPROBS}")
+    best_of = option(body, "best_of", n, lambda v: n <= check_int(v, "best_of", 1) <= MAX_BEST_OF,
+                     f"an integer in n..{MAX_BEST_OF} (n is {n})")
+    logprobs = option(body, "logprobs", None, lambda v: 0 <= check_int(v, "logprobs", 0) <= MAX_TOP_LOGPROBS,
+                      f"an integer in 0..{MAX_TOP_LOGPROBS}")
     echo, stream, ignore_eos = (option(body, name, False, lambda v: isinstance(v, bool), "true or false")
                                 for name in ("echo", "stream", "ignore_eos"))
+    if stream and best_of > n:
+        raise APIError(f"best_of ({best_of}) above n ({n}) cannot be streamed: the best candidates are known only "
+                       "when all have finished", "best_of")
     include_usage = check_stream_options(body.get("stream_options"), stream)
     option(body, "user", None, lambda v: isinstance(v, str), "a string")
-    seed = body.get("seed")
-    if seed is None:
-        seed = secrets.randbits(63)  # OpenAI samples at random without a seed: so does the server
-    stop = check_stop_field(body.get("stop"))
-    choices = prompt_count(body.get("prompt")) * n
-    if choices > capacity:
-        raise APIError(f"{choices} choices asked for, and this server holds at most {capacity} in flight "
-                       "(--max-batch-size + --max-queue): send fewer prompts or a smaller n", "n",
-                       "too_many_choices")
+    candidates = prompt_count(body.get("prompt")) * best_of
+    if candidates > capacity:
+        raise APIError(f"{candidates} candidates asked for (prompts x best_of, or n), and this server holds at most "
+                       f"{capacity} in flight (--max-batch-size + --max-queue): send fewer prompts or a smaller n",
+                       "best_of" if best_of > n else "n", "too_many_choices")
+    options = {name: from_json(name, body[o.field]) for name, o in OPTIONS.items()
+               if o.field and name not in READ_HERE and body.get(o.field) is not None}
+    constraint = constraint_field(body)  # (field, keyword, value) or None
+    if constraint is not None:
+        options[constraint[1]] = constraint[2]
+    options = {**{name: value for name, value in DEFAULTS.items() if name not in options}, **options,
+               "stop_at_eos": not ignore_eos, "stop": check_stop_field(body.get("stop")), "top_logprobs": logprobs or 0}
+    if options.get("seed") is None:
+        options["seed"] = secrets.randbits(63)  # OpenAI samples at random without a seed: so does the server
     prompts = prompt_ids(model, body["prompt"])
-    options = dict(temperature=1.0 if body.get("temperature") is None else body["temperature"],
-                   top_k=body.get("top_k"), top_p=body.get("top_p"), seed=seed, stop_at_eos=not ignore_eos,
-                   stop=stop, top_logprobs=logprobs or 0)
-    max_tokens = DEFAULT_MAX_TOKENS if body.get("max_tokens") is None else body["max_tokens"]
     requests = []
     for i, ids in enumerate(prompts):
         try:
-            requests.append(make_request(model, ids, max_tokens, **options))
+            requests.append(make_request(model, ids, **options))
         except MinigptError as e:
-            raise library_error(e, f"prompt {i}: " if len(prompts) > 1 else "") from None
+            e.prompt = i
+            raise library_error(e, len(prompts), {constraint[1]: constraint[0]} if constraint else {}) from None
     empty = [not ids for ids in prompts]  # started from <|endoftext|>, which echo does not show
-    return Completion(requests, n, requests[0].sampling.seed, echo, logprobs, stream, include_usage, empty)
+    return Completion(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage, empty)
+
+
+def constraint_field(body: dict) -> tuple[str, str, object] | None:
+    """(the field, the library's keyword, the value) of the one constraint a body asks for, or None:
+    vLLM's `structured_outputs` object (regex, json, choice, grammar, json_object: true), its older
+    guided_regex, guided_json, guided_choice and guided_grammar, or OpenAI's response_format
+    (json_object: any JSON object; json_schema: its `schema`). Two are a 400 naming the second."""
+    found = [(o.field, name, body[o.field]) for name, o in OPTIONS.items()
+             if name in CONSTRAINTS and body.get(o.field) is not None]
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        if not isinstance(outputs, dict):
+            raise APIError(f"structured_outputs must be an object, got {json.dumps(outputs)[:80]}", "structured_outputs")
+        for key, value in outputs.items():
+            name = f"structured_outputs.{key}"
+            if key not in STRUCTURED:
+                raise APIError(f"{name} is not supported: structured_outputs takes {', '.join(STRUCTURED)}", name)
+            if key == "json_object" and not (value is None or isinstance(value, bool)):  # 1 == True: not a bool
+                raise APIError(f"{name} must be true or false, got {json.dumps(value)[:80]}", name)
+            if value is not None and value is not False:
+                found.append((name, STRUCTURED[key], {"type": "object"} if key == "json_object" else value))
+    response_format = body.get("response_format")
+    if response_format is not None:
+        found += response_format_constraint(response_format)
+    if len(found) > 1:
+        raise APIError(f"{found[0][0]} and {found[1][0]} both constrain the text: give at most one", found[1][0])
+    return found[0] if found else None
+
+
+def response_format_constraint(response_format) -> list[tuple[str, str, object]]:
+    """OpenAI's response_format as a constraint: [] for text, any JSON object for json_object, and
+    json_schema's `schema` ({"type": "json_schema", "json_schema": {"name", "schema", ...}})."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return []
+    if kind == "json_object":
+        return [("response_format", "json_schema", {"type": "object"})]
+    schema = response_format.get("json_schema") if kind == "json_schema" else None
+    if isinstance(schema, dict) and schema.get("schema") is not None:
+        return [("response_format.json_schema.schema", "json_schema", schema["schema"])]
+    raise APIError('response_format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+                   f'"json_schema": {{"name": ..., "schema": {{...}}}}}}, got {json.dumps(response_format)[:80]}',
+                   "response_format")
 
 
 def option(body: dict, name: str, default, ok, requirement: str):
@@ -165,20 +235,6 @@ def check_model_name(name, served_name: str) -> None:
     if name is not None and name != served_name:
         raise APIError(f"The model `{name}` does not exist: this server serves `{served_name}`", "model",
                        "model_not_found", 404)
-
-
-def check_unsupported(body: dict, n: int) -> None:
-    """400 naming the first field set to something minigpt does not do (each accepted when inert:
-    null, or the value that changes nothing, of the type OpenAI's API gives it)."""
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-    inert = {"suffix": lambda v: v is None, "logit_bias": lambda v: v is None or v == {} and isinstance(v, dict),
-             "best_of": lambda v: v is None or type(v) is int and v == n,
-             "presence_penalty": lambda v: v is None or number(v) and v == 0,
-             "frequency_penalty": lambda v: v is None or number(v) and v == 0}
-    for name, ok in inert.items():
-        if name in body and not ok(body[name]):
-            raise APIError(f"{name} is not supported by this server (got {json.dumps(body[name])[:80]})", name,
-                           "unsupported_parameter")
 
 
 def check_stop_field(stop) -> list[str] | None:
@@ -240,13 +296,23 @@ def encode_text(model: Model, text: str) -> list[int]:
     return encode(model.tokenizer, text)
 
 
-def library_error(error: MinigptError, prefix: str) -> APIError:
-    """The library's error as the API's: its keywords renamed, its field found from the message."""
-    message = re.sub("|".join(LIBRARY_NAMES), lambda m: LIBRARY_NAMES[m[0]], str(error))
-    if isinstance(error, ContextLengthError):
-        return APIError(prefix + message, "prompt", "context_length_exceeded")
-    param = next((p for start, p in PARAM_OF_MESSAGE if str(error).startswith(start)), None)
-    return APIError(prefix + message, param)
+def field(keyword: str) -> str:
+    """The API's field for a library keyword: an option's declared field, `prompt` for the prompt's ids
+    (and the server's own option, as its command line names it, for the pool's size)."""
+    option = OPTIONS.get(keyword)
+    if option is not None and option.field:
+        return option.field
+    return {"prompt_ids": "prompt", "kv_cache_tokens": "--kv-cache-tokens"}.get(keyword, keyword)  # the server's own
+
+
+def library_error(error: MinigptError, prompts: int, fields: dict[str, str] | None = None) -> APIError:
+    """The library's error as the API's: its message naming the API's fields (`fields`: keyword ->
+    the field this request used, where the API has several) and its prompt, when the request has
+    several; its param the field."""
+    where = f"prompt {error.prompt}: " if error.prompt is not None and prompts > 1 else ""
+    code = "context_length_exceeded" if isinstance(error, ContextLengthError) else None
+    name = lambda keyword: (fields or {}).get(keyword) or field(keyword)  # noqa: E731
+    return APIError(where + error.message(name), None if error.param is None else name(error.param), code)
 
 
 # ------------------------------------------------------------------------------ answers
@@ -324,9 +390,10 @@ def joined(a: list | None, b: list | None) -> list | None:
 
 
 def usage_json(completion: Completion, results: list[GenerationResult]) -> dict:
-    """Tokens counted as OpenAI counts them: each prompt once, every choice's new tokens; cached:
-    each prompt's first choice's positions taken from the prefix cache."""
-    firsts = results[::completion.n]
+    """Tokens counted as OpenAI counts them, over every candidate's result: each prompt once, every
+    candidate's new tokens (the best_of not chosen too); cached: each prompt's first candidate's
+    positions taken from the prefix cache."""
+    firsts = results[::completion.best_of]
     prompt = sum(len(r.prompt_ids) for r in firsts)
     new = sum(len(r.tokens) for r in results)
     return {"prompt_tokens": prompt, "completion_tokens": new, "total_tokens": prompt + new,

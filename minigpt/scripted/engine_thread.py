@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from .api import Engine
-from .completions import APIError
+from .completions import APIError, library_error
 from .metrics import Metrics
 from ..engine.scheduler import Job
 from ..errors import NumericalError
@@ -149,7 +149,9 @@ class EngineThread:
                 continue
             self.count(job, ticket)
             result = job.result()
-            if result.finish_reason != "abort":
+            if job.error is not None:  # its own processing gave up mid-way: this choice alone fails
+                ticket.deliver(Update(job.index, [], final=True, error=library_error(job.error, 1)))
+            elif result.finish_reason != "abort":
                 ticket.deliver(Update(job.index, job.seq.streamed(ticket.sent), result, final=True))
             else:  # nobody reads a client's that left; a shutdown's is answered
                 ticket.deliver(Update(job.index, [], final=True, error=self.aborted or APIError(

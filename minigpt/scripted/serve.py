@@ -31,7 +31,7 @@ from starlette.routing import Route
 from .api import Engine
 from ..loading.checks import check_ids
 from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
-                          encode_text, envelope, parse_json, usage_json)
+                          encode_text, envelope, library_error, parse_json, usage_json)
 from . import page
 from .engine_thread import EngineThread, Ticket, Update
 from .metrics import Metrics
@@ -172,9 +172,9 @@ class Service:
             if self.draining:
                 raise shutting_down()
             completion = await run_in_threadpool(self.prepare, await read_body(request))  # encoding takes time
-            choices = len(completion.requests) * completion.n
+            choices = len(completion.requests) * completion.best_of
             if choices > self.capacity - self.in_flight:
-                raise APIError(f"the server is busy: {choices} choices asked for, room for "
+                raise APIError(f"the server is busy: {choices} candidates asked for, room for "
                                f"{max(self.capacity - self.in_flight, 0)} now (--max-batch-size + --max-queue in "
                                "flight); retry later", None, "queue_full", 429, "rate_limit_error")
         except APIError as e:
@@ -185,7 +185,7 @@ class Service:
         def deliver(update: Update) -> None:  # from the engine thread
             loop.call_soon_threadsafe(self.arrived, updates, update)
 
-        tickets = [Ticket(i, r, completion.prompt_logprobs, deliver) for i, r in enumerate(completion.choices())]
+        tickets = [Ticket(i, r, completion.prompt_logprobs, deliver) for i, r in enumerate(completion.candidates())]
         self.in_flight += len(tickets)
         self.engine_thread.submit(tickets)
         identity = f"cmpl-{uuid.uuid4().hex}"
@@ -202,11 +202,12 @@ class Service:
         except APIError:
             raise
         except MinigptError as e:  # a check that is not the API's own (the tokenizer's)
-            raise APIError(str(e)) from None
+            raise library_error(e, 1) from None
         try:
             self.engine.check_fits(completion.requests)
-        except InputError as e:
-            raise APIError(str(e), "prompt", "context_length_exceeded") from None
+        except InputError as e:  # about the pool's size (--kv-cache-tokens): the prompt is what the client can change
+            raise APIError(library_error(e, len(completion.requests)).message(), "prompt",
+                           "context_length_exceeded") from None
         return completion
 
     def arrived(self, updates: asyncio.Queue, update: Update) -> None:
@@ -239,7 +240,7 @@ class Service:
         ordered = [results[i] for i in range(len(tickets))]
         tokenizer = self.model.tokenizer
         body = envelope(identity, self.served_name, [choice_json(tokenizer, completion, i, r)
-                                                     for i, r in enumerate(ordered)])
+                                                     for i, r in enumerate(completion.choices(ordered))])
         body["usage"] = usage_json(completion, ordered)
         return JSONResponse(body)
 

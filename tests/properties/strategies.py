@@ -1,4 +1,5 @@
-"""Hypothesis strategies for the property tests: small random GPT-2s, their weights, token ids.
+"""Hypothesis strategies for the property tests: small random GPT-2s, their weights, token ids,
+and requests' options (sampling, and the logits processing of `controls`).
 
 Configurations: 1-3 layers, 1-4 heads, head_dim 1-16, vocabularies of 2-64 tokens, n_positions
 up to 64 (so that sequences cross the exact attention kernel's PAGE of 16). Weights come at
@@ -17,6 +18,7 @@ from minigpt.exact.kernels import EXACT, PAGE, Kernels
 from minigpt.engine.paging import pages_for
 from minigpt.loading.model import Model
 from minigpt.gpt2.params import GPT2Params
+from minigpt.scripted.options import OPTIONS
 from minigpt.loading.weights import expected_shapes, params_from_tensors, random_params
 
 SCALES = (0.0, 1.0, 30.0, 1000.0)  # 0.0 stands for the all-zero model
@@ -78,9 +80,22 @@ sampling = st.one_of(
 
 
 @st.composite
+def controls(draw, vocab_size: int, max_new_tokens: int) -> dict:
+    """A request's logits processing (minigpt.loop.processing): none, or some of logit_bias (its
+    bounds included), the presence, frequency and repetition penalties and min_tokens."""
+    if draw(st.booleans(), label="no controls"):
+        return {}
+    bias = st.one_of(st.sampled_from([-100.0, 100.0]), st.floats(-100, 100))
+    return draw(st.fixed_dictionaries({}, optional={
+        "logit_bias": st.dictionaries(st.integers(0, vocab_size - 1), bias, max_size=4),
+        "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
+        "repetition_penalty": st.floats(0.1, 4), "min_tokens": st.integers(0, max_new_tokens)}), label="controls")
+
+
+@st.composite
 def batches(draw, kernels: Kernels = EXACT, scales=SCALES):
-    """A random model and 1-6 requests of random lengths and options, with max_batch_size and a pool
-    size from the smallest that fits the largest request to ample."""
+    """A random model and 1-6 requests of random lengths and options (sampling and controls), with
+    max_batch_size and a pool size from the smallest that fits the largest request to ample."""
     model = draw(models(kernels, scales, min_positions=2))
     n = draw(st.integers(1, 6), label="prompts")
     prompts, lengths, options = [], [], []
@@ -88,12 +103,13 @@ def batches(draw, kernels: Kernels = EXACT, scales=SCALES):
         ids = draw(token_ids(model.config, max_size=model.config.n_positions))
         prompts.append(ids)
         lengths.append(draw(st.integers(0, model.config.n_positions - len(ids) + 1), label="max_new_tokens"))
-        options.append(draw(sampling, label="sampling"))
+        options.append({**draw(sampling, label="sampling"), **draw(controls(model.config.vocab_size, lengths[-1]))})
     largest = max(pages_for(len(p) + max(m, 1) - 1) for p, m in zip(prompts, lengths))
     pool_pages = draw(st.integers(largest, largest * n + 1), label="pool pages")
     return model, prompts, lengths, options, draw(st.integers(1, n + 1), label="max_batch_size"), pool_pages * PAGE
 
 
 def per_prompt(options: list[dict]) -> dict:
-    """Per-request option dicts as one dict of per-prompt lists (generate_batch's form)."""
-    return {key: [o[key] for o in options] for key in options[0]}
+    """Per-request option dicts as one dict of per-prompt lists (generate_batch's form), an option
+    a request leaves out at its default."""
+    return {key: [o.get(key, OPTIONS[key].default) for o in options] for key in {k for o in options for k in o}}

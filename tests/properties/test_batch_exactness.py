@@ -16,7 +16,8 @@ from minigpt.scripted.api import generate
 def test_batch_equivalence_each_prompt_gets_bitwise_its_tokens_and_logprobs_alone(batch, stop_at_eos):
     """generate_batch(model, prompts, ...)[i] has exactly the tokens and log-probabilities (hence
     logits) of generate(model, prompts[i], ...) with prompt i's options, greedy or seeded sampling,
-    for any max_batch_size and pool size, preempted or not."""
+    with or without logit_bias, penalties and min_tokens, for any max_batch_size and pool size,
+    preempted or not."""
     model, prompts, lengths, options, max_batch_size, kv_cache_tokens = batch
     results = generate_batch(model, prompts, lengths, stop_at_eos=stop_at_eos, max_batch_size=max_batch_size,
                              kv_cache_tokens=kv_cache_tokens, **per_prompt(options))

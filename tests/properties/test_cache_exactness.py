@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 from bits import assert_rows_same_bits, assert_same_bits
-from strategies import chunked_record, chunkings, models, token_ids
+from strategies import chunked_record, chunkings, controls, models, token_ids
 
 from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.exact.causal_proof import record_forward
@@ -36,11 +36,13 @@ sampling = st.one_of(
 @given(st.data())
 def test_generation_equivalence_cached_and_naive_loops_generate_identical_tokens(data):
     """generate() with and without the KV cache returns the same tokens, greedy and with seeded
-    sampling (temperature, top-k, top-p), stopping at <|endoftext|> or not."""
+    sampling (temperature, top-k, top-p), with or without logit_bias, penalties and min_tokens,
+    stopping at <|endoftext|> or not."""
     model = data.draw(models(min_positions=2))
     ids = data.draw(token_ids(model.config, max_size=model.config.n_positions))
     n = data.draw(st.integers(1, model.config.n_positions - len(ids) + 1), label="max_new_tokens")  # the whole context
-    options = {**data.draw(sampling, label="sampling"), "stop_at_eos": data.draw(st.booleans(), label="stop_at_eos")}
+    options = {**data.draw(sampling, label="sampling"), **data.draw(controls(model.config.vocab_size, n)),
+               "stop_at_eos": data.draw(st.booleans(), label="stop_at_eos")}
     cached = generate(model, ids, n, use_cache=True, **options)
     naive = generate(model, ids, n, use_cache=False, **options)
     assert cached.tokens == naive.tokens

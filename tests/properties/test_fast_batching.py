@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import batches, per_prompt
 
-import minigpt.scripted.api
 from minigpt.scripted.api import generate, generate_batch
+from minigpt.scripted.options import OPTIONS, integer
 from minigpt.exact.kernels import EXACT, FAST
 
 # Relative to the largest |logit| of the row (exact kernels), by weight scale. Targeted Hypothesis
@@ -57,7 +57,8 @@ def batch_drift(batch, stop_at_eos: bool) -> float:
     may ask for: the limit is lifted for this measurement only."""
     model, prompts, lengths, options, max_batch_size, kv_cache_tokens = batch
     V = model.config.vocab_size
-    with mock.patch.object(minigpt.scripted.api, "MAX_TOP_LOGPROBS", V):
+    wider = dataclasses.replace(OPTIONS["top_logprobs"], check=integer(0, V))
+    with mock.patch.dict(OPTIONS, {"top_logprobs": wider}):
         results = generate_batch(model, prompts, lengths, stop_at_eos=stop_at_eos, max_batch_size=max_batch_size,
                                  kv_cache_tokens=kv_cache_tokens, top_logprobs=V, **per_prompt(options))
         alone = [generate(model, prompt, n, stop_at_eos=stop_at_eos, top_logprobs=V, **opts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import models, sampling, token_ids
+from strategies import controls, models, per_prompt, sampling, token_ids
 
 from minigpt.scripted.api import Engine, score
 from minigpt.engine.paging import PAGE, pages_for
@@ -37,7 +37,7 @@ def results(engine: Engine, prompts, order, lengths, options, scoring, top):
     """engine.generate over the prompts in `order`, returned in prompt order."""
     done = engine.generate([prompts[i] for i in order], [lengths[i] for i in order],
                            prompt_logprobs=[scoring[i] for i in order], top_logprobs=top,
-                           **{key: [options[i][key] for i in order] for key in options[0]})
+                           **per_prompt([options[i] for i in order]))
     back = [None] * len(prompts)
     for i, result in zip(order, done):
         back[i] = result
@@ -58,13 +58,15 @@ def assert_pages_add_up(engine: Engine):
 def test_prefix_cache_exactness_off_cold_and_warm_give_bitwise_the_same_results(data):
     """Cache off, then a cold engine, then the same engine again (warm) with the prompts arriving
     in another order: every result's tokens, log-probabilities and prompt log-probabilities (top
-    ones included) are identical, greedy or seeded sampling, on pools from the tightest that fits
+    ones included) are identical, greedy or seeded sampling, with or without logit_bias, penalties
+    and min_tokens, on pools from the tightest that fits
     to ample (evicting cached pages, preempting running ones)."""
     model = data.draw(models(min_positions=2))
     prompts = data.draw(prompts_sharing_prefixes(model.config))
     n = len(prompts)
     lengths = [data.draw(st.integers(0, model.config.n_positions - len(p)), label="max_new_tokens") for p in prompts]
-    options = [data.draw(sampling, label="sampling") for _ in prompts]
+    options = [{**data.draw(sampling, label="sampling"), **data.draw(controls(model.config.vocab_size, m))}
+               for m in lengths]
     scoring = [data.draw(st.booleans(), label="prompt_logprobs") for _ in prompts]
     top = data.draw(st.integers(0, 3), label="top_logprobs")
     largest = max(pages_for(len(p) + max(m, 1) - 1) for p, m in zip(prompts, lengths))
