@@ -65,6 +65,10 @@ def test_the_page_streams_generate_s_tokens_shows_alternatives_attention_and_the
             page.wait_for_function(  # the engine panel follows /metrics: the 8 tokens are counted
                 "[...document.querySelectorAll('#stats dt')].some(dt => dt.textContent === 'tokens generated' "
                 "&& Number(dt.nextElementSibling.textContent) >= 8)", timeout=10_000)
+            panel = dict(zip(page.eval_on_selector_all("#stats dt", "dts => dts.map(d => d.textContent)"),
+                             page.eval_on_selector_all("#stats dd", "dds => dds.map(d => Number(d.textContent))")))
+            pages = service.engine.stats()
+            assert panel["KV pages free"] + panel["KV pages cached"] + panel["KV pages in use"] == pages["pages_total"]
             shot = tmp_path / "page.png"
             page.screenshot(path=str(shot), full_page=True)
             assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

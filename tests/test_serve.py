@@ -76,6 +76,19 @@ def test_a_list_of_strings_is_one_prompt_each_and_max_tokens_defaults_to_16(mode
     assert answer.usage.completion_tokens == 32
 
 
+def test_return_tokens_as_token_ids_names_tokens_by_id_as_vllm(model, client):
+    prompt = [464, 3290]
+    alone = minigpt.generate(model, prompt, 6, top_logprobs=2)
+    for stream in (False, True):
+        answer = client.completions.create(model="random-tiny", prompt=prompt, max_tokens=6, temperature=0, logprobs=2,
+                                           stream=stream, extra_body={"return_tokens_as_token_ids": True})
+        chunks = list(answer) if stream else [answer]
+        tokens = [t for c in chunks for t in c.choices[0].logprobs.tokens]
+        tops = [top for c in chunks for top in c.choices[0].logprobs.top_logprobs]
+        assert tokens == [f"token_id:{t}" for t in alone.tokens]
+        assert tops == [{f"token_id:{t}": lp for t, lp in step} for step in alone.top_logprobs]
+
+
 def test_n_seeded_choices_sample_with_seed_plus_their_index(model, client):
     answer = client.completions.create(model="random-tiny", prompt=[[464, 3290], [11]], max_tokens=8, n=3, seed=41,
                                        temperature=0.9, top_p=0.95, logprobs=0,

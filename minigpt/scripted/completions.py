@@ -35,7 +35,7 @@ MAX_BEST_OF = 20  # OpenAI's bound on `best_of`
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 32, 1000  # stop strings are matched at every token: bounded, as OpenAI bounds them
 # options whose field the API shapes its own way (a constraint comes from one of several fields)
 READ_HERE = ("stop_at_eos", "top_logprobs", "stop", *CONSTRAINTS)
-FIELDS = ("model", "prompt", "n", "best_of", "echo", "stream", "stream_options", "user", "suffix",
+FIELDS = ("model", "prompt", "n", "best_of", "echo", "stream", "stream_options", "user", "suffix", "return_tokens_as_token_ids",
           "structured_outputs", "response_format", *(o.field for o in OPTIONS.values() if o.field))  # suffix: only null
 STRUCTURED = {"regex": "regex", "json": "json_schema", "choice": "choice", "grammar": "grammar",
               "json_object": "json_schema"}  # vLLM's structured_outputs keys -> the library's keywords
@@ -71,6 +71,11 @@ class Completion:
     stream: bool
     include_usage: bool
     empty: list[bool]  # per prompt: it was empty, so it starts from <|endoftext|>, which echo does not show
+    token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N", not by text
+
+    def token_name(self, tokenizer, token: int) -> str:
+        """A token as the logprobs name it: its text, or "token_id:N"."""
+        return f"token_id:{token}" if self.token_ids else token_text(tokenizer, token)
 
     @property
     def prompt_logprobs(self) -> bool:
@@ -141,8 +146,8 @@ def check_completion(model: Model, served_name: str, body: dict, capacity: int) 
                      f"an integer in n..{MAX_BEST_OF} (n is {n})")
     logprobs = option(body, "logprobs", None, lambda v: 0 <= check_int(v, "logprobs", 0) <= MAX_TOP_LOGPROBS,
                       f"an integer in 0..{MAX_TOP_LOGPROBS}")
-    echo, stream, ignore_eos = (option(body, name, False, lambda v: isinstance(v, bool), "true or false")
-                                for name in ("echo", "stream", "ignore_eos"))
+    echo, stream, ignore_eos, token_ids = (option(body, name, False, lambda v: isinstance(v, bool), "true or false")
+                                           for name in ("echo", "stream", "ignore_eos", "return_tokens_as_token_ids"))
     if stream and best_of > n:
         raise APIError(f"best_of ({best_of}) above n ({n}) cannot be streamed: the best candidates are known only "
                        "when all have finished", "best_of")
@@ -171,7 +176,8 @@ def check_completion(model: Model, served_name: str, body: dict, capacity: int) 
             e.prompt = i
             raise library_error(e, len(prompts), {constraint[1]: constraint[0]} if constraint else {}) from None
     empty = [not ids for ids in prompts]  # started from <|endoftext|>, which echo does not show
-    return Completion(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage, empty)
+    return Completion(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage, empty,
+                      token_ids)
 
 
 def constraint_field(body: dict) -> tuple[str, str, object] | None:
@@ -322,11 +328,12 @@ def finish_reason(result: GenerationResult) -> str:
     return FINISH_REASONS[result.finish_reason]
 
 
-def logprobs_json(tokenizer, tokens: list[int], logprobs: list, top: list | None, offsets: list[int]) -> dict:
+def logprobs_json(tokenizer, completion: Completion, tokens: list[int], logprobs: list, top: list | None,
+                  offsets: list[int]) -> dict:
     """OpenAI's logprobs object for these tokens at these text offsets (TextOffsets).
     top: per token, the N most likely (id, logprob), or None for a position that has none."""
-    return {"tokens": [token_text(tokenizer, t) for t in tokens], "token_logprobs": logprobs,
-            "top_logprobs": None if top is None else [None if step is None else top_dict(tokenizer, step)
+    return {"tokens": [completion.token_name(tokenizer, t) for t in tokens], "token_logprobs": logprobs,
+            "top_logprobs": None if top is None else [None if step is None else top_dict(tokenizer, completion, step)
                                                       for step in top],
             "text_offset": offsets}
 
@@ -348,12 +355,12 @@ class TextOffsets:
         return offsets
 
 
-def top_dict(tokenizer, step: list[tuple[int, float]]) -> dict[str, float]:
-    """The most likely tokens as OpenAI gives them, text -> logprob, most likely first (two tokens
+def top_dict(tokenizer, completion: Completion, step: list[tuple[int, float]]) -> dict[str, float]:
+    """The most likely tokens as OpenAI gives them, name -> logprob, most likely first (two tokens
     with one text, such as two bytes shown as U+FFFD, keep the likelier)."""
     top: dict[str, float] = {}
     for token, logprob in step:
-        top.setdefault(token_text(tokenizer, token), logprob)
+        top.setdefault(completion.token_name(tokenizer, token), logprob)
     return top
 
 
@@ -369,7 +376,7 @@ def prompt_part(tokenizer, completion: Completion, index: int, result: Generatio
         return text, None
     top = result.prompt_top_logprobs if completion.logprobs else None
     scored = slice(len(result.prompt_ids) - len(ids), None)
-    return text, logprobs_json(tokenizer, ids, result.prompt_logprobs[scored],
+    return text, logprobs_json(tokenizer, completion, ids, result.prompt_logprobs[scored],
                                None if top is None else top[scored], offsets.of(ids))
 
 
@@ -379,7 +386,7 @@ def choice_json(tokenizer, completion: Completion, index: int, result: Generatio
     text, logprobs = prompt_part(tokenizer, completion, index, result, offsets) if completion.echo else ("", None)
     if completion.logprobs is not None:
         top = result.top_logprobs if completion.logprobs else None
-        new = logprobs_json(tokenizer, result.tokens, result.logprobs, top, offsets.of(result.tokens))
+        new = logprobs_json(tokenizer, completion, result.tokens, result.logprobs, top, offsets.of(result.tokens))
         logprobs = new if logprobs is None else {key: joined(logprobs[key], new[key]) for key in new}
     return {"index": index, "text": text + result.text, "logprobs": logprobs,
             "finish_reason": finish_reason(result)}
@@ -424,6 +431,7 @@ class ChoiceStream:
         logprobs = None
         if self.completion.logprobs is not None:
             top = [r.top_logprobs for r in records] if self.completion.logprobs else None
-            logprobs = logprobs_json(self.tokenizer, tokens, [r.logprob for r in records], top, self.offsets.of(tokens))
+            logprobs = logprobs_json(self.tokenizer, self.completion, tokens, [r.logprob for r in records], top,
+                                     self.offsets.of(tokens))
         return {"index": self.index, "text": "".join(r.text for r in records), "logprobs": logprobs,
                 "finish_reason": None if result is None else finish_reason(result)}

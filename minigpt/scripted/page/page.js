@@ -22,6 +22,11 @@ async function textOf(id) {  // a token's text, asked of /detokenize once
 
 function colour(p) { return `hsl(${Math.round(120 * p)}, 75%, 82%)`; }
 
+function probability(logprob) {  // as the page shows it: small ones in exponent form
+  const p = Math.exp(logprob);
+  return p >= 0.001 ? p.toFixed(3) : p.toExponential(1);
+}
+
 function addToken(id, text, logprob, top) {
   const span = document.createElement("span");
   span.className = "token " + (logprob === null ? "prompt" : "generated");
@@ -32,7 +37,7 @@ function addToken(id, text, logprob, top) {
   if (logprob !== null) {
     span.dataset.logprob = String(logprob);
     span.style.background = colour(Math.exp(logprob));
-    span.title = `p = ${Math.exp(logprob).toFixed(3)}`;
+    span.title = `p = ${probability(logprob)}`;
     span.alternatives = top;
     span.addEventListener("mouseenter", () => showAlternatives(span));
     span.addEventListener("focus", () => showAlternatives(span));
@@ -48,10 +53,10 @@ async function showAlternatives(span) {
   const rows = await Promise.all(Object.entries(span.alternatives || {}).map(async ([token, lp]) => {
     const id = idOf(token);
     return `<tr${id === Number(span.dataset.tokenId) ? ' class="chosen"' : ""}><td>${escape(JSON.stringify(await textOf(id)))}</td>` +
-           `<td class="p">${Math.exp(lp).toFixed(3)}</td></tr>`;
+           `<td class="p">${probability(lp)}</td></tr>`;
   }));
   $("alternatives").innerHTML = `<p>At position ${span.dataset.position}, chose ` +
-    `${escape(JSON.stringify(span.textContent))} (p = ${Math.exp(Number(span.dataset.logprob)).toFixed(3)}):</p>` +
+    `${escape(JSON.stringify(span.textContent))} (p = ${probability(Number(span.dataset.logprob))}):</p>` +
     `<table><tbody>${rows.join("")}</tbody></table>`;
 }
 
@@ -136,23 +141,26 @@ async function generate() {
   }
 }
 
-const shown = [["minigpt:num_requests_running", "requests running"], ["minigpt:num_requests_waiting", "requests waiting"],
-               ['minigpt:kv_cache_pages{state="in_use"', "KV pages in use"],
-               ['minigpt:kv_cache_pages{state="cached"', "KV pages cached"],
-               ['minigpt:kv_cache_pages{state="free"', "KV pages free"],
-               ["minigpt:prefix_cache_hits_total", "prefix-cache hits (tokens)"],
-               ["minigpt:generation_tokens_total", "tokens generated"]];
+const shown = [["minigpt:num_requests_running", "", "requests running"],
+               ["minigpt:num_requests_waiting", "", "requests waiting"],
+               ["minigpt:kv_cache_pages", 'state="in_use"', "KV pages in use"],
+               ["minigpt:kv_cache_pages", 'state="cached"', "KV pages cached"],
+               ["minigpt:kv_cache_pages", 'state="free"', "KV pages free"],
+               ["minigpt:prefix_cache_hits_total", "", "prefix-cache hits (tokens)"],
+               ["minigpt:generation_tokens_total", "", "tokens generated"]];
 let last = null;
 
 async function poll() {
   try {
     const lines = (await (await fetch("/metrics")).text()).split("\n").filter((l) => l && !l.startsWith("#"));
-    const value = (name) => { const line = lines.find((l) => l.startsWith(name + (name.includes("{") ? "" : "{")));
-                              return line ? Number(line.slice(line.lastIndexOf(" ") + 1)) : 0; };
+    const value = (name, label = "") => {  // a sample of `name` ({labels} value) whose labels hold `label`
+      const line = lines.find((l) => l.startsWith(name + "{") && l.slice(0, l.indexOf("}")).includes(label));
+      return line ? Number(line.slice(line.lastIndexOf(" ") + 1)) : 0;
+    };
     const now = performance.now(), tokens = value("minigpt:generation_tokens_total");
     const rate = last && now > last.time ? (tokens - last.tokens) / ((now - last.time) / 1000) : 0;
     last = { time: now, tokens };
-    $("stats").innerHTML = shown.map(([name, label]) => `<dt>${label}</dt><dd>${value(name)}</dd>`).join("") +
+    $("stats").innerHTML = shown.map(([name, label, text]) => `<dt>${text}</dt><dd>${value(name, label)}</dd>`).join("") +
                            `<dt>tokens/s</dt><dd>${rate.toFixed(1)}</dd>`;
   } catch (error) {
     $("stats").textContent = "the server does not answer";
