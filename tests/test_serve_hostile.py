@@ -91,8 +91,15 @@ def test_sigterm_under_load_answers_every_request_ends_every_stream_and_exits_pr
         process.wait()
 
 
-def test_health_answers_while_a_huge_prompt_is_being_encoded(served):
-    """A 7 MB text prompt takes seconds to encode: /health answers before it does."""
+def test_health_answers_while_a_huge_prompt_is_being_encoded(served, monkeypatch):
+    """A 7 MB text prompt, whose encoding is made to take 3 s here (how long depends on the machine):
+    /health answers before it is done, since bodies are checked and encoded in a worker thread."""
+    encode = completions.encode_text
+
+    def slowly(model, text):
+        time.sleep(3)
+        return encode(model, text)
+    monkeypatch.setattr(completions, "encode_text", slowly)
     answered = []
     big = threading.Thread(target=lambda: answered.append(
         post(served[1], "/v1/completions", {"prompt": "hello world " * 600_000, "max_tokens": 1})))
