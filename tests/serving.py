@@ -15,10 +15,30 @@ import pytest
 pytest.importorskip("starlette", reason="the serve extra is not installed (pip install -e '.[serve]')")
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install -e '.[serve]')")
 
+import minigpt  # noqa: E402
 from minigpt.scripted.api import Engine  # noqa: E402
 from minigpt.scripted.serve import Service, bind, server  # noqa: E402
 
 HOST = "127.0.0.1"
+
+
+# The fixtures of the modules that drive a random-tiny server through the openai client: they import
+# model, served and client from here.
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return minigpt.load("random-tiny")
+
+
+@pytest.fixture(scope="module")
+def served(model):
+    with running_server(model, max_batch_size=8) as (service, url):
+        yield service, url
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    openai = pytest.importorskip("openai", reason="the openai client is not installed (pip install -e '.[test]')")
+    return openai.OpenAI(base_url=served[1] + "/v1", api_key="unused", max_retries=0)
 
 
 @contextlib.contextmanager

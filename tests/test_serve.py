@@ -20,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from serving import HOST, get, post, running_server, settled
+from serving import client, model, served  # noqa: F401 (fixtures)
 
 import minigpt
 from minigpt.engine import scheduler as engine_module
@@ -28,22 +29,6 @@ from minigpt.loop.sampling import log_softmax, top_log_probs
 openai = pytest.importorskip("openai", reason="the openai client is not installed (pip install -e '.[test]')")
 
 PROMPT = "The dog ran to the park"
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    return minigpt.load("random-tiny")
-
-
-@pytest.fixture(scope="module")
-def served(model):
-    with running_server(model, max_batch_size=8) as (service, url):
-        yield service, url
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=served[1] + "/v1", api_key="unused", max_retries=0)
 
 
 def ids_of(model, text):

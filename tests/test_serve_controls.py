@@ -7,7 +7,8 @@ value is a 400 naming its field, and the server goes on serving."""
 from __future__ import annotations
 
 import pytest
-from serving import post, running_server
+from serving import post
+from serving import client, model, served  # noqa: F401 (fixtures)
 
 import minigpt
 
@@ -16,22 +17,6 @@ openai = pytest.importorskip("openai", reason="the openai client is not installe
 PROMPT = "The dog ran to the park"
 CONTROLS = dict(logit_bias={11: 5, 50256: -100}, presence_penalty=0.5, frequency_penalty=1.5,
                 repetition_penalty=1.3, min_tokens=3)
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    return minigpt.load("random-tiny")
-
-
-@pytest.fixture(scope="module")
-def served(model):
-    with running_server(model, max_batch_size=8) as (service, url):
-        yield service, url
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=served[1] + "/v1", api_key="unused", max_retries=0)
 
 
 def create(client, **fields):

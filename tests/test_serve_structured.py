@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from serving import post, running_server
+from serving import post
+from serving import client, model, served  # noqa: F401 (fixtures)
 
 import minigpt
 
@@ -35,22 +36,6 @@ FIELDS = [  # (extra_body, the library's keyword and value)
     ({"response_format": {"type": "json_object"}}, {"json_schema": {"type": "object"}}),
     ({"response_format": {"type": "text"}}, {}),
 ]
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer):
-    return minigpt.load("random-tiny")
-
-
-@pytest.fixture(scope="module")
-def served(model):
-    with running_server(model, max_batch_size=8) as (service, url):
-        yield service, url
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=served[1] + "/v1", api_key="unused", max_retries=0)
 
 
 @pytest.mark.parametrize("extra_body, keywords", FIELDS)
