@@ -3,7 +3,7 @@ it, so that the cache, batching, paging and speculation change no bit; and the p
 experiment (docs/exactness.md).
 
 Modules, in reading order:
-    tuning        how the kernels cut the weights, chosen by this machine's caches or kept from `tune`
+    tuning        the thread count and alignment that decide bits; how the kernels cut the weights, which does not
     kernels       the row-invariant EXACT kernels and FAST, plain NumPy made quicker
     tuner         measuring the fastest cut on this machine (`tune`)
     tracing       a forward that keeps every layer

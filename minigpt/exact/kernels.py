@@ -36,10 +36,9 @@ from typing import Callable, Iterator, NamedTuple, Sequence, TypeVar
 import numpy as np
 
 from ..gpt2.layers import Kernels, attend, attention_weights, linear
-from .tuning import Tuning, current, threads
+from .tuning import Tuning, alignment, current, threads
 
 PAGE = 16  # keys per attention page: the unit of every sum over keys
-ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (point 2 above)
 GROUP_ROW_PAGES = 64  # query rows x pages attended together: a decode batch of short sequences is one group
 # The exact attention sums values times exponentials before it divides by their sum; taken this far
 # below a row's maximum (each at most 2**-16), they keep that sum finite wherever the divided one
@@ -80,13 +79,6 @@ def tuned(choice: Tuning) -> Iterator[None]:
         yield
     finally:
         _TUNED.reset(token)
-
-
-@cache
-def alignment() -> int:
-    """Every gemv call computes a multiple of this many outputs: of ALIGN, and of 4 x the thread
-    count, so that OpenBLAS's split at ceil(n / threads) gives every thread a multiple of four."""
-    return math.lcm(ALIGN, 4 * threads())
 
 
 @cache

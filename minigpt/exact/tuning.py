@@ -1,6 +1,9 @@
-"""How the kernels cut the weights into blocks, chosen for the machine they run on.
+"""How the kernels cut the weights into blocks, chosen for the machine they run on, and the two
+numbers that do decide their bits: the thread count and the alignment it feeds.
 
-The exact kernels' bits do not depend on how the weights are cut into blocks, nor on which thread
+Every gemv call computes a multiple of `alignment()` outputs, from the thread count (`threads()`,
+as OpenBLAS reads it): that is what makes an output's bits the same at any thread count
+(docs/exactness.md, point 2). The exact kernels' bits do not depend on how the weights are cut into blocks, nor on which thread
 computes a block (docs/exactness.md, point 3), so the cut can follow the machine: one row takes
 large blocks, which OpenBLAS splits between its threads; several rows take blocks whose share per
 thread stays in that thread's L2 while every row passes over it, split by OpenBLAS when a block is
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import stat
 import sys
@@ -54,6 +58,17 @@ def threads() -> int:
         if value.isdigit() and int(value) >= 1:
             return min(int(value), cpus, 64)
     return min(cpus, 64)
+
+
+ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (kernels, point 2)
+
+
+@cache
+def alignment() -> int:
+    """Every gemv call computes a multiple of this many outputs: of ALIGN, and of 4 x the thread
+    count, so that OpenBLAS's split at ceil(n / threads) gives every thread a multiple of four. With
+    the thread count, this is what decides bits; the cut below does not."""
+    return math.lcm(ALIGN, 4 * threads())
 
 
 def cache_bytes(level: int) -> int | None:
