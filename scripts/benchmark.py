@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from bench import batching, decode, paging, prefix, serve, speculative, structured  # noqa: E402
 from bench.common import log, timed, write_block  # noqa: E402
 from minigpt.errors import MinigptError  # noqa: E402
-from minigpt.loop.staircase import require_matplotlib  # noqa: E402
+from minigpt.cli.pictures import require_matplotlib  # noqa: E402
 
 SECTIONS = {"decode": decode, "batching": batching, "paging": paging, "prefix": prefix, "speculative": speculative,
             "serve": serve, "structured": structured}

@@ -14,7 +14,8 @@ from minigpt.cli import main
 from minigpt.errors import MinigptError
 from minigpt.scripted.api import generate
 from minigpt.gpt2.params import LayerNorm
-from minigpt.loop.staircase import MODES, measure, plot
+from minigpt.cli.pictures import staircase as plot
+from minigpt.loop.staircase import MODES, measure
 
 TINY = ["staircase", "--model", "random-tiny", "--prompt-tokens", "3", "--new-tokens", "4"]
 

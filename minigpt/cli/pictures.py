@@ -1,6 +1,7 @@
-"""The pictures the commands draw (the `plot` extra, matplotlib, without pyplot): attention and the
-logit lens (`inspect --plot`), the proof at a glance (`prove --plot`) and the page pool over a run
-(`batch --plot`). Each takes the data a command computed and writes one image file."""
+"""The pictures the commands draw (the `plot` extra, matplotlib, without pyplot): latency per token
+(`staircase --plot`, and scripts/benchmark.py's plots), attention and the logit lens (`inspect
+--plot`), the proof at a glance (`prove --plot`) and the page pool over a run (`batch --plot`).
+Each takes the data a command computed and writes one image file."""
 
 from __future__ import annotations
 
@@ -8,10 +9,76 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MinigptError
+from ..errors import InputError, MinigptError
 from ..exact.causal_proof import Proof
 from ..exact.tracing import layer_names
-from ..loop.staircase import image_format
+from ..loop.staircase import Staircase
+
+
+def require_matplotlib() -> None:
+    """Fail early, before a long measurement, when the plot cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise MinigptError("--plot needs matplotlib: pip install 'minigpt[plot]' (or pip install matplotlib)") from None
+
+
+def image_format(path: str | Path) -> str:
+    """The format a plot of `path` is written in: its extension's (png, svg, pdf, ... whatever matplotlib
+    writes), PNG when it has none; the file is `path` exactly, nothing appended. Asked of matplotlib's
+    canvas without drawing anything, so that a bad name fails before a long measurement."""
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase  # no pyplot: no GUI backend
+
+    extension = Path(path).suffix[1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if extension and extension not in formats:
+        raise InputError(f"matplotlib cannot write a .{extension} file; name a file ending in "
+                         + ", ".join(f".{f}" for f in sorted(formats)) + " (no extension: PNG)")
+    return extension or "png"
+
+
+def staircase(found: Staircase, path: str | Path, title: str) -> None:
+    """A plot of per-token latency against token index, both loops on one chart."""
+    labels = {"naive": "naive loop", "cached": "KV cache"}
+    plot_latencies({f"{labels[mode]}: total {sum(s):.2f} s": [t * 1e3 for t in s]
+                    for mode, s in found.seconds.items()}, path, title)
+
+
+def plot_latencies(series: dict[str, list[float]], path: str | Path, title: str, *, first_token: int = 1,
+                   floor: tuple[str, float] | None = None) -> None:
+    """A plot of milliseconds per generated token, one line per labelled series starting at `first_token`,
+    and optionally a (label, ms) floor as a dashed line. scripts/benchmark.py draws its plot with it too."""
+    plot_lines({label: (range(first_token, first_token + len(ms)), ms) for label, ms in series.items()}, path,
+               title, xlabel="generated token", ylabel="wall time of that token (ms)", floor=floor)
+
+
+def plot_lines(series: dict[str, tuple[list[float], list[float]]], path: str | Path, title: str, *,
+               xlabel: str, ylabel: str, floor: tuple[str, float] | None = None) -> None:
+    """A plot of one line per labelled (x values, y values) series, y from 0, and optionally a (label, y)
+    floor as a dashed line, written to `path` exactly (format: image_format). The latency plots use it,
+    and scripts/benchmark.py's tokens/s against B."""
+    image = image_format(path)
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
+
+    fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    for label, (x, y) in series.items():
+        ax.plot(x, y, "o-", markersize=2, linewidth=1, label=label)
+    if floor is not None:
+        label, y = floor
+        ax.axhline(y, color="black", linestyle="--", linewidth=1, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    # the title holds a model path: "$" in it is text, not mathtext
+    ax.set_title(title, fontsize=10, parse_math=False)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    try:
+        fig.savefig(path, format=image)
+    except OSError as e:
+        raise MinigptError(f"cannot write the plot to {path}: {e.strerror or e}") from None
 
 
 def figure(width: float, height: float):

@@ -13,7 +13,9 @@ from tqdm import tqdm
 
 from ..errors import InputError
 from ..loading.files import kind
-from ..loop.staircase import MODES, OnStep, Staircase, image_format, measure, plot
+from ..loop.sequence import context_error, positions_needed
+from ..loop.staircase import MODES, OnStep, Staircase, measure
+from . import pictures
 from ..loading.tokenizer import valid_text
 from .common import UsageError, add_model_options, load_model, positive_int, print_json, print_whole, table
 
@@ -47,10 +49,12 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         check_plot_target(args.plot)
     model = load_model(args)
+    if positions_needed(args.prompt_tokens, args.new_tokens) > model.config.n_positions:  # before any work
+        raise context_error(model.config.n_positions, args.prompt_tokens, args.new_tokens, "prompt_tokens")
     with progress_bars(args.new_tokens) as on_step:
         staircase = measure(model, args.prompt_tokens, args.new_tokens, on_step)
     if args.plot is not None:
-        plot(staircase, args.plot, valid_text(f"{args.model} ({args.kernels} kernels): {args.prompt_tokens}-token "
+        pictures.staircase(staircase, args.plot, valid_text(f"{args.model} ({args.kernels} kernels): {args.prompt_tokens}-token "
                                               f"prompt, {args.new_tokens} new tokens"))
     if args.json:
         print_json(as_json(staircase, args))
@@ -76,7 +80,7 @@ def check_plot_target(path: Path) -> None:
     if not os.access(path.parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise UsageError(f"{where} cannot be written: permission denied")
     try:
-        image_format(path)
+        pictures.image_format(path)
     except InputError as e:
         raise UsageError(f"{where}: {e}") from None
 

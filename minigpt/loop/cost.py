@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..gpt2.config import GPT2_SIZES, GPT2Config
-from ..errors import InputError, check_int
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # bytes per number of the dtypes weights come in
 
@@ -137,13 +136,9 @@ MAX_TOKENS = 10 ** 15  # beyond any context; above it the ratios overflow float6
 
 
 def estimate(arch: Architecture, prompt: int, reply: int, dtype: str | None = None) -> Cost:
-    """All of the above for one request, prompt and reply in 1 .. MAX_TOKENS; `dtype` defaults to
-    the architecture's own."""
-    prompt = check_int(prompt, "prompt", 1, maximum=MAX_TOKENS)
-    reply = check_int(reply, "reply", 1, maximum=MAX_TOKENS)
+    """All of the above for one request, prompt and reply in 1 .. MAX_TOKENS (the command line checks
+    them); `dtype` (a key of DTYPE_BYTES) defaults to the architecture's own."""
     dtype = arch.dtype if dtype is None else dtype
-    if dtype not in DTYPE_BYTES:
-        raise InputError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
     per_token = kv_bytes_per_token(arch, dtype)
     naive, cached = token_counts(prompt, reply)
     return Cost(arch, prompt, reply, dtype, naive, cached,

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from minigpt.scripted.api import generate, generate_batch
-from minigpt.loop.staircase import plot_lines
+from minigpt.cli.pictures import plot_lines
 
 from .common import (REPEATS, Report, RunInfo, Target, attention_alone, gemv_rate, interleaved, log, median_of,
                      minigpt_engines, multiply_adds, plain_product, products, random_124m, timed, transformers,

@@ -33,7 +33,8 @@ from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.gpt2.layers import Kernels
 from minigpt.loading.model import Model
 from minigpt.engine.paging import PAGE, pages_for
-from minigpt.loop.staircase import fixed_prompt, plot_latencies
+from minigpt.cli.pictures import plot_latencies
+from minigpt.loop.staircase import fixed_prompt
 
 from .common import (REPEATS, Report, RunInfo, Target, Transformers, attention_alone, interleaved, log, median_of,
                      minigpt_engines, plain_product, products, random_124m, read_note, transformers, transformers_row)
