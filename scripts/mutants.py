@@ -97,10 +97,10 @@ MUTANTS = [
     # part 4: exactness
     bug("gemv-calls-not-aligned", "every gemv call computes a multiple of 4 x threads outputs", "minigpt/exact/tuning.py",
         "return math.lcm(ALIGN, 4 * threads())", "return 1", "tests/test_threads.py"),
-    bug("page-tree-halves-unpadded", "pages are added up by one fixed tree, whatever the batch", "minigpt/exact/kernels.py",
+    bug("page-tree-halves-unpadded", "pages are added up by one fixed tree, whatever the batch", "minigpt/exact/attention.py",
         "        half //= 2\n", "        half = (n + 1) // 2\n",
         "tests/test_layers.py", "tests/properties/test_batch_exactness.py"),
-    bug("exact-attention-without-headroom", "exact attention's undivided sums keep headroom", "minigpt/exact/kernels.py",
+    bug("exact-attention-without-headroom", "exact attention's undivided sums keep headroom", "minigpt/exact/attention.py",
         "scores -= np.maximum.reduce(scores, axis=-1, keepdims=True) + HEADROOM",
         "scores -= np.maximum.reduce(scores, axis=-1, keepdims=True)", "tests/test_layers.py"),
     # part 5: the engine

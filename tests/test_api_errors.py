@@ -937,7 +937,7 @@ WRONG_TYPES = {  # the call, what the InputError must say
                                         "the weights have 1 layer(s) and the config 2 (n_layer)"),
     "Model-float64-weights": (lambda m: minigpt.Model(m.config, dataclasses.replace(
         m.params, wpe=m.params.wpe.astype(np.float64))), "'wpe.weight' is ndarray float64 [256, 64], expected float32"),
-    "Model-kernels-a-name": (lambda m: minigpt.Model(m.config, m.params, "fast"), "kernels must be a Kernels set"),
+    "Model-kernels-a-name": (lambda m: minigpt.Model(m.config, m.params, "fast"), "kernels must be a kernel set"),
     "use_cache-a-string": (lambda m: minigpt.generate(m, [464], 1, use_cache="no"),
                            "use_cache must be True or False, got 'no'"),
     "stop_at_eos-none": (lambda m: minigpt.generate_batch(m, [[464]], 1, stop_at_eos=None),

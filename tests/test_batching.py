@@ -12,7 +12,7 @@ import minigpt
 import minigpt.scripted.api
 from minigpt.scripted.api import Engine, generate_batch, make_requests
 from minigpt.errors import ContextLengthError, InputError
-from minigpt.exact.kernels import PAGE
+from minigpt.exact.attention import PAGE
 
 
 @pytest.fixture(scope="module")
@@ -190,11 +190,14 @@ def test_a_length_of_a_small_numpy_integer_type_continues_as_a_python_int(model,
     assert cache.length == 140 and type(cache.length) is int
 
 
-def test_a_truncated_cache_holds_zeros_after_its_length(model):
-    """KVCache.truncate zeroes what it forgets, as a fresh cache's slots are: a kernel that reads
-    the cache's last page whole reads zeros past the length."""
-    cache = model.new_cache(40)
-    model.forward(list(range(100, 130)), cache)
-    cache.truncate(18)
-    assert not cache.k[:, 18:].any() and not cache.v[:, 18:].any()
-    assert cache.k[:, :18].any()
+def test_a_paged_cache_set_back_holds_zeros_after_its_length(model):
+    """Setting a pool's cache's length back zeroes what it forgets, as a page comes from the pool:
+    the exact kernels read its last page whole, in place."""
+    pool = minigpt.scripted.api.PagePool(model.config, 4)
+    cache = pool.new_cache()
+    pool.grow(cache, 40)
+    model.forward(list(range(100, 140)), cache)
+    cache.length = 18
+    forgotten = cache.slots(18, 48)
+    assert not pool.k[:, forgotten].any() and not pool.v[:, forgotten].any()
+    assert pool.k[:, cache.slots(0, 18)].all()

@@ -20,7 +20,7 @@ from minigpt.cli import main
 from minigpt.cli.prove import render
 from minigpt.gpt2.config import GPT2Config
 from minigpt.errors import InputError
-from minigpt.exact.kernels import EXACT, Kernels
+from minigpt.exact.kernels import EXACT
 from minigpt import load
 from minigpt.loading.weights import random_params
 
@@ -92,7 +92,7 @@ def test_proof_fails_where_a_kernel_depends_on_how_many_rows_it_is_given(tiny_mo
     def batch_dependent(x, weight, bias):
         return EXACT.linear(x, weight, bias) + np.float32(1e-6) * np.float32(len(x))
 
-    model = dataclasses.replace(tiny_model, kernels=EXACT._replace(name="batch-dependent", linear=batch_dependent))
+    model = dataclasses.replace(tiny_model, kernels=dataclasses.replace(EXACT, name="batch-dependent", linear=batch_dependent))
     proof = prove(model, PROMPT, 3)
     assert not proof.holds
     block = proof.rows[1].verdicts
@@ -104,7 +104,7 @@ def test_proof_fails_where_a_kernel_depends_on_how_many_rows_it_is_given(tiny_mo
 
 
 def unmasked_weights(q, k):
-    """Attention weights without the causal mask (the contract of layers.Kernels' weights): every
+    """Attention weights without the causal mask (the contract of layers.Kernels' attention_weights): every
     query row sees all the keys of its forward, the later ones included."""
     scores = q @ k.transpose(0, 2, 1) / np.float32(np.sqrt(q.shape[2]))  # [H, T, S]
     w = np.exp(scores - scores.max(axis=-1, keepdims=True))
@@ -112,10 +112,10 @@ def unmasked_weights(q, k):
 
 
 def test_proof_fails_where_the_mask_leaks(tiny_model):
-    def attend(q, k, v, length=None):
-        return unmasked_weights(q, k[:, :length]) @ v[:, :length]
+    def attend(q, k, v):
+        return unmasked_weights(q, k) @ v
 
-    unmasked = Kernels("unmasked", EXACT.linear, attend, unmasked_weights)
+    unmasked = dataclasses.replace(EXACT, name="unmasked", attend=attend, attention_weights=unmasked_weights)
     model = dataclasses.replace(tiny_model, kernels=unmasked)
     proof = prove(model, PROMPT, 3)
     assert not proof.holds

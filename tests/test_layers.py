@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from minigpt.exact.kernels import EXACT, FAST, PAGE, Queries, attend_batch
+from minigpt.exact.attention import PAGE, BatchPart
+from minigpt.exact.kernels import EXACT, FAST
 from minigpt.gpt2.layers import gelu, layer_norm, merge_heads, split_heads
 from minigpt.gpt2.params import LayerNorm
 
@@ -88,7 +89,7 @@ def test_attention_matches_float64_reference(kernels, start, T, rng):
     k_buf[:, :L] = rng.standard_normal((H, L, hd), dtype=np.float32)
     v_buf[:, :L] = rng.standard_normal((H, L, hd), dtype=np.float32)
     q = rng.standard_normal((H, T, hd), dtype=np.float32)
-    out, weights = kernels.attend(q, k_buf[:, :L], v_buf[:, :L]), kernels.weights(q, k_buf[:, :L])
+    out, weights = kernels.attend(q, k_buf[:, :L], v_buf[:, :L]), kernels.attention_weights(q, k_buf[:, :L])
     ref_out, ref_w = reference_attention(q, k_buf[:, :L], v_buf[:, :L])
     assert out.dtype == np.float32 and weights.dtype == np.float32
     assert weights.shape == (H, T, L)
@@ -134,7 +135,7 @@ def test_attention_over_pages_scattered_in_runs_equals_one_contiguous_run(kernel
     # the same, the last page whole, as a cache holds it: zeros past the length
     last_page = tuple(np.concatenate([a, np.zeros((H, 7, hd), np.float32)], axis=1) for a in runs[-1])
     for segments in (runs, runs[:-1] + [last_page]):
-        paged = attend_batch(kernels, q, [Queries(slice(0, T), 57, segments)])
+        paged = kernels.attend_batch(q, [BatchPart(slice(0, T), 57, segments)])
         if kernels is EXACT:
             np.testing.assert_array_equal(paged.view(np.uint32), whole.view(np.uint32))
         else:
@@ -152,10 +153,10 @@ def test_exact_attention_of_a_sequence_is_bitwise_the_same_beside_longer_ones(rn
     long_v = rng.standard_normal((H, 320, hd), dtype=np.float32)  # pages reassociate if pads count
     q = rng.standard_normal((H, 3, hd), dtype=np.float32)
     alone = EXACT.attend(q[:, :1], short_k[:, :10], short_v[:, :10])
-    parts = [Queries(slice(0, 1), 10, [(short_k[:, :10], short_v[:, :10])]),
-             Queries(slice(1, 2), 311, [(long_k[:, :311], long_v[:, :311])]),
-             Queries(slice(2, 3), 141, [(long_k[:, :141], long_v[:, :141])])]
-    together = attend_batch(EXACT, q, parts)
+    parts = [BatchPart(slice(0, 1), 10, [(short_k[:, :10], short_v[:, :10])]),
+             BatchPart(slice(1, 2), 311, [(long_k[:, :311], long_v[:, :311])]),
+             BatchPart(slice(2, 3), 141, [(long_k[:, :141], long_v[:, :141])])]
+    together = EXACT.attend_batch(q, parts)
     np.testing.assert_array_equal(together[:, :1].view(np.uint32), alone.view(np.uint32))
     for i, p in enumerate(parts[1:], 1):
         single = EXACT.attend(q[:, i:i + 1], *p.segments[0])
@@ -173,33 +174,31 @@ def test_exact_attention_of_any_page_count_is_bitwise_the_same_beside_any_longer
     for n in range(1, 13):
         alone = EXACT.attend(q[:, :1], k[:, :n * PAGE], v[:, :n * PAGE])
         for m in range(n, 13):
-            parts = [Queries(slice(0, 1), n * PAGE, [(k[:, :n * PAGE], v[:, :n * PAGE])]),
-                     Queries(slice(1, 2), m * PAGE, [(k[:, :m * PAGE], v[:, :m * PAGE])])]
-            together = attend_batch(EXACT, q, parts)
+            parts = [BatchPart(slice(0, 1), n * PAGE, [(k[:, :n * PAGE], v[:, :n * PAGE])]),
+                     BatchPart(slice(1, 2), m * PAGE, [(k[:, :m * PAGE], v[:, :m * PAGE])])]
+            together = EXACT.attend_batch(q, parts)
             np.testing.assert_array_equal(together[:, :1].view(np.uint32), alone.view(np.uint32), f"{n} beside {m}")
 
 
 @pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
-def test_attention_handed_a_whole_store_and_a_length_is_bitwise_as_handed_exactly_the_keys(kernels, rng):
-    """A KVCache hands attention its whole store and the length: the exact kernels read the last
-    page in place, its slots past the length zeros (as the caches keep them), and copy a page the
-    store ends inside: the bits are those of exactly the length's keys. The fast kernels cut at the
-    length, whatever the slots past it hold (NaN here), and hand strided keys to BLAS, which promises
-    no bits across layouts (OpenBLAS's SkylakeX kernels differ): the same values within rounding."""
+def test_attention_over_a_cache_s_keys_in_place_is_bitwise_over_them_copied_whatever_follows(kernels, rng):
+    """A KVCache hands attention views of its store cut at the length, whatever its slots past the
+    length hold (NaN here): the exact kernels read whole pages in place and copy a page the length
+    ends inside into a page of zeros, so the bits are those of the keys copied out. The fast kernels
+    hand strided keys to BLAS, which promises no bits across layouts (OpenBLAS's SkylakeX kernels
+    differ): the same values within rounding."""
     H, hd = 2, 8
     q = rng.standard_normal((H, 1, hd), dtype=np.float32)
     for capacity, S in ((64, 21), (64, 32), (23, 21), (21, 21)):
         k = rng.standard_normal((capacity, H, hd), dtype=np.float32).transpose(1, 0, 2)  # as a cache stores it
         v = rng.standard_normal((capacity, H, hd), dtype=np.float32).transpose(1, 0, 2)
-        k[:, S:], v[:, S:] = 0, 0
+        k[:, S:], v[:, S:] = np.nan, np.nan
         alone = kernels.attend(q, k[:, :S].copy(), v[:, :S].copy())
-        for old in (0.0, np.nan) if kernels is FAST else (0.0,):
-            k[:, S:], v[:, S:] = old, old
-            handed = kernels.attend(q, k, v, S)
-            if kernels is FAST:
-                np.testing.assert_allclose(handed, alone, rtol=1e-5, atol=1e-6)
-            else:
-                np.testing.assert_array_equal(handed.view(np.uint32), alone.view(np.uint32))
+        in_place = kernels.attend(q, k[:, :S], v[:, :S])
+        if kernels is FAST:
+            np.testing.assert_allclose(in_place, alone, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(in_place.view(np.uint32), alone.view(np.uint32))
 
 
 @pytest.mark.parametrize("head_dim", [1, 2, 3, 64])
@@ -215,7 +214,9 @@ def test_exact_attention_is_bitwise_the_same_whatever_the_layout_of_its_keys(hea
     stored = np.zeros((2, 48, H, head_dim), np.float32)  # [k|v, capacity, H, hd]
     stored[0, :S], stored[1, :S] = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
     layouts = {"qkv": (k, v), "head by head": (k.copy(), v.copy()),
-               "stored": (stored[0].transpose(1, 0, 2), stored[1].transpose(1, 0, 2))}
-    got = {name: EXACT.attend(q[:, -T:], k_, v_, S) for name, (k_, v_) in layouts.items()}
+               "stored": (stored[0, :S].transpose(1, 0, 2), stored[1, :S].transpose(1, 0, 2))}
+    got = {name: EXACT.attend(q[:, -T:], k_, v_) for name, (k_, v_) in layouts.items()}
+    whole = [(stored[0].transpose(1, 0, 2), stored[1].transpose(1, 0, 2))]  # a pool's pages, read whole
+    got["stored, whole pages"] = EXACT.attend_batch(q[:, -T:], [BatchPart(slice(0, T), S, whole)])
     for name, out in got.items():
         np.testing.assert_array_equal(out.view(np.uint32), got["stored"].view(np.uint32), err_msg=name)

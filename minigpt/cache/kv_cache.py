@@ -18,7 +18,6 @@ from typing import Callable
 import numpy as np
 
 from ..gpt2.config import GPT2Config
-from ..errors import InputError, check_int
 from ..gpt2.forward import GPT2, embed, lm_head
 from ..gpt2.layers import Kernels, block
 
@@ -29,7 +28,7 @@ class KVCache:
 
     k: np.ndarray  # [n_layer, capacity, H, hd]: a row of keys per position 0 .. capacity-1
     v: np.ndarray  # [n_layer, capacity, H, hd]
-    length: int = 0  # positions 0 .. length-1 hold keys and values; the slots after them hold zeros
+    length: int = 0  # positions 0 .. length-1 hold keys and values
 
     @property
     def capacity(self) -> int:
@@ -41,30 +40,27 @@ class KVCache:
 
     def attend(self, layer: int, start: int, kernels: Kernels) -> Callable:
         """The attend of `layer` for new positions from `start` on: store their keys and values,
-        then attend to every key so far. The kernel is handed the layer's whole store, seen head by
-        head, and the length, and reads the keys it needs (the exact kernels read whole pages:
-        minigpt.exact.kernels). A position's keys are one row of the store, [H, hd], read in one stretch."""
+        then attend to every key so far. A position's keys are one row of the store, [H, hd]."""
         def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
             end = start + q.shape[1]
             self.k[layer, start:end] = k.transpose(1, 0, 2)  # [T, H, hd]: a row per new position
             self.v[layer, start:end] = v.transpose(1, 0, 2)
-            heads = self.k[layer].transpose(1, 0, 2), self.v[layer].transpose(1, 0, 2)  # [H, capacity, hd] views
-            return kernels.attend(q, *heads, end)  # keys 0 .. end-1
+            seen = self.k[layer, :end].transpose(1, 0, 2), self.v[layer, :end].transpose(1, 0, 2)  # [H, end, hd] views
+            return kernels.attend(q, *seen)
         return attend
 
     def truncate(self, length: int) -> None:
-        """Forget every position from `length` on (a speculative rollback, or a prefix continued another
-        way): their slots are zeroed, as a fresh cache's are (kernels that read whole pages of
-        positions, minigpt.exact.kernels, read the zeros after the length)."""
-        if check_int(length, "length", 0) > self.length:
-            raise InputError(f"cannot truncate a cache of length {self.length} to {length}")
-        self.k[:, length:self.length] = 0
-        self.v[:, length:self.length] = 0
+        """Forget every position from `length` on: a speculative rollback, or a prefix continued another way."""
         self.length = length
 
     def copy(self) -> KVCache:
         """An independent cache holding the same positions: a fork, to continue two ways."""
-        return KVCache(self.k.copy(), self.v.copy(), self.length)
+        return type(self)(self.k.copy(), self.v.copy(), self.length)
+
+    def runs(self, n: int) -> list[tuple[int, int]]:
+        """Where positions 0 .. n-1 lie in the store, as ranges of its rows: one (a batched forward
+        asks every cache, minigpt.engine.batched; a pool's answers in pages)."""
+        return [(0, n)]
 
 
 def new_cache(config: GPT2Config, capacity: int) -> KVCache:

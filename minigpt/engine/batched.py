@@ -2,47 +2,46 @@
 attending to its own keys and values only, every weight read once for all of them (docs/batching.md).
 
 The exact kernels read a sequence's keys in place, in runs of consecutive pages (PagedCache.runs,
-a forward's Placement); their bits do not depend on where the runs break (minigpt.exact.kernels,
-point 4), so a paged, batched sequence gets bitwise gpt2.forward's logits.
+a forward's Placement); their bits do not depend on where the runs break (minigpt.exact.attention),
+so a paged, batched sequence gets bitwise gpt2.forward's logits.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
 from ..gpt2.forward import GPT2, embed, lm_head
-from ..exact.kernels import PAGE, Queries, Segments, attend_batch
-from ..cache.kv_cache import KVCache
-from ..gpt2.layers import Kernels, block
-from .paging import PagedCache, pages_for
+from ..exact.attention import BatchPart, Segments
+from ..exact.kernels import BatchKernels
+from ..gpt2.layers import block
 
 
 @dataclass(frozen=True, eq=False)
 class Placement:
     """Where one sequence's keys and values lie for one forward, the same in every layer: the store,
-    the slots its new positions go to, and the slot ranges of every position so far."""
+    the rows its new positions go to, and the row ranges of every position so far."""
 
-    k: np.ndarray  # [n_layer, slots, H, hd]
+    k: np.ndarray  # [n_layer, rows, H, hd]
     v: np.ndarray
-    new: np.ndarray | slice  # the new positions' slots
+    new: np.ndarray | slice  # the new positions' rows
     length: int  # positions so far, the new ones included
-    runs: list[tuple[int, int]]  # the whole pages of positions 0 .. length-1, in order
+    runs: list[tuple[int, int]]  # the rows of positions 0 .. length-1, in order (a pool's: whole pages)
 
     def segments(self, layer: int) -> Segments:
         """The keys and values of every position so far, head by head: views [H, n, hd] of the store."""
         return [(self.k[layer, a:b].transpose(1, 0, 2), self.v[layer, a:b].transpose(1, 0, 2)) for a, b in self.runs]
 
 
-Write = tuple[np.ndarray, np.ndarray, np.ndarray | slice, np.ndarray | slice]  # k and v stores, slots, rows
+Write = tuple[np.ndarray, np.ndarray, np.ndarray | slice, np.ndarray | slice]  # k and v stores, their rows, q's rows
 
 
 def writes(placements: list[Placement], rows: list[slice]) -> list[Write]:
     """Where a forward's new keys and values go, one write per store (a pool's, for all its sequences
-    at once): (its k and v stores [n_layer, slots, H, hd], the slots written, the forward's rows
+    at once): (its k and v stores [n_layer, rows, H, hd], the rows written, the forward's rows
     that fill them)."""
     by_store: dict[int, list[tuple[Placement, slice]]] = {}
     for place, r in zip(placements, rows):
@@ -59,46 +58,40 @@ def writes(placements: list[Placement], rows: list[slice]) -> list[Write]:
     return out
 
 
-def placement(cache: KVCache | PagedCache, n: int) -> Placement:
-    """The Placement of n new positions after a cache's: a KVCache's are one contiguous run (to the
-    end of its last page, if the cache has room), a pool's follow its page table."""
+class Cache(Protocol):
+    """What the batched forward asks of a cache; kv_cache.KVCache and paging.PagedCache both answer."""
+
+    k: np.ndarray  # [n_layer, rows, H, hd]: the store its keys lie in
+    v: np.ndarray
+    length: int
+
+    def runs(self, n: int) -> list[tuple[int, int]]:
+        """Where positions 0 .. n-1 lie in the store, as ranges of its rows, in order."""
+
+
+def placement(cache: Cache, n: int) -> Placement:
+    """The Placement of n new positions after a cache's."""
     start, end = cache.length, cache.length + n
-    if isinstance(cache, KVCache):
-        whole = PAGE * pages_for(end)
-        return Placement(cache.k, cache.v, slice(start, end), end, [(0, whole if whole <= cache.capacity else end)])
-    return Placement(cache.pool.k, cache.pool.v, cache.slots(start, end), end, cache.runs(end))
-
-
-def clear_page_tail(cache: KVCache | PagedCache, end: int) -> None:
-    """Zero the slots of positions end .. the end of their page if one holds anything but zero bits
-    (a length set back by hand, a forward stopped midway): the exact kernels read a sequence's last
-    page whole, those slots included (minigpt.exact.kernels, point 4). Model.forward does it before each
-    forward; the library's own loops never leave anything there."""
-    stop = min(cache.capacity, PAGE * pages_for(end))
-    if end >= stop:
-        return
-    if isinstance(cache, KVCache):
-        k, v, slots = cache.k, cache.v, slice(end, stop)
-    else:
-        k, v, slots = cache.pool.k, cache.pool.v, cache.slots(end, stop)  # within one page: a slice
-    if np.count_nonzero(v[:, slots].view(np.uint32)) or np.count_nonzero(k[:, slots].view(np.uint32)):
-        k[:, slots], v[:, slots] = 0, 0
+    runs = cache.runs(end)
+    rows = np.concatenate([np.arange(a, b) for a, b in runs])[start:end]  # the new positions' rows of the store
+    new = slice(int(rows[0]), int(rows[-1]) + 1) if (np.diff(rows) == 1).all() else rows  # a slice writes faster
+    return Placement(cache.k, cache.v, new, end, runs)
 
 
 def batch_attend(layer: int, placements: list[Placement], rows: list[slice], stores: list[Write],
-                 kernels: Kernels) -> Callable:
+                 kernels: BatchKernels) -> Callable:
     """The attend of `layer` for a batch: the new keys and values written where `stores` (`writes`)
     says, then every sequence's queries attend to their own keys, in one call of the kernels."""
     def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, N, hd] each
         k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [N, H, hd]: a row per position, as stored
         for k_store, v_store, slots, r in stores:
             k_store[layer][slots], v_store[layer][slots] = k[r], v[r]
-        parts = [Queries(r, place.length, place.segments(layer)) for place, r in zip(placements, rows)]
-        return attend_batch(kernels, q, parts)  # [H, N, hd]
+        parts = [BatchPart(r, place.length, place.segments(layer)) for place, r in zip(placements, rows)]
+        return kernels.attend_batch(q, parts)  # [H, N, hd]
     return attend
 
 
-def forward_batch(gpt: GPT2, ids_list: list, caches: list, keep: list[int]) -> list[np.ndarray]:
+def forward_batch(gpt: GPT2, ids_list: list, caches: list[Cache], keep: list[int]) -> list[np.ndarray]:
     """One forward over several sequences, each continuing its own cache (a pool's PagedCache or a
     KVCache) with its own ids: every weight is read once for all of them (docs/batching.md).
     Returns each sequence's logits, as forward_cached would with logits_to_keep=keep[i] (0: all

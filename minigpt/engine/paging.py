@@ -19,12 +19,12 @@ import math
 import mmap
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..gpt2.config import GPT2Config
-from ..exact.kernels import PAGE
+from ..exact.attention import PAGE
 
 
 def pages_for(n_positions: int) -> int:
@@ -154,7 +154,7 @@ class PagePool:
                     self.cached[page] = None  # the most recently used
                 else:
                     self.free[page] = True
-        cache.pages, cache.length = [], 0
+        cache.pages, cache._length = [], 0  # nothing left to zero
 
     def lookup(self, hash: bytes, tokens: tuple[int, ...]) -> int | None:
         """The cached page of this prefix hash, if its token ids are these."""
@@ -207,14 +207,33 @@ def largest_gap(free: np.ndarray) -> tuple[int, int]:
     return int(starts[i]), int(stops[i] - starts[i])
 
 
-@dataclass(eq=False)
 class PagedCache:
     """One sequence's keys and values in a pool: page i of the sequence (positions 16i .. 16i+15)
-    lives in the pool's page pages[i]."""
+    lives in the pool's page pages[i]. The slots of its last page past its length hold zeros, which
+    the exact kernels read whole, in place: a page comes zeroed from the pool, and setting the length
+    back zeroes what it forgets."""
 
-    pool: PagePool
-    pages: list[int] = field(default_factory=list)  # the page table
-    length: int = 0
+    def __init__(self, pool: PagePool, pages: list[int] | None = None, length: int = 0):
+        self.pool, self.pages, self._length = pool, [] if pages is None else pages, length  # pages: the page table
+
+    @property
+    def k(self) -> np.ndarray:
+        return self.pool.k
+
+    @property
+    def v(self) -> np.ndarray:
+        return self.pool.v
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @length.setter
+    def length(self, n: int) -> None:
+        if n < self._length:
+            slots = self.slots(n, self._length)
+            self.pool.k[:, slots], self.pool.v[:, slots] = 0, 0
+        self._length = n
 
     @property
     def capacity(self) -> int:
@@ -225,8 +244,7 @@ class PagedCache:
         return len(self.pages) * self.pool.page_bytes
 
     def slots(self, start: int, stop: int) -> np.ndarray | slice:
-        """The pool slots of positions start .. stop-1: a slice when they follow each other (a
-        decode step's one position; a prefill's within a run of pages), which is faster to write."""
+        """The pool slots of positions start .. stop-1: a slice when they follow each other."""
         positions = np.arange(start, stop)
         slots = np.asarray(self.pages)[positions // PAGE] * PAGE + positions % PAGE
         return slice(int(slots[0]), int(slots[-1]) + 1) if slots.size and (np.diff(slots) == 1).all() else slots

@@ -3,8 +3,11 @@ it, so that the cache, batching, paging and speculation change no bit; and the p
 experiment (docs/exactness.md).
 
 Modules, in reading order:
-    tuning        the thread count and alignment that decide bits; how the kernels cut the weights, which does not
-    kernels       the row-invariant EXACT kernels and FAST, plain NumPy made quicker
+    tuning        the thread count and alignment that decide bits, the worker threads; how the kernels cut the weights, which does not
+    linear        the exact linear map: a gemv per row, in aligned calls
+    attention     the exact attention: pages of 16 keys, fixed sums, one division
+    fast          FAST's operations: plain NumPy made quicker, not batch-invariant
+    kernels       the kernel sets EXACT and FAST, each with every operation a forward or a batched forward calls
     tuner         measuring the fastest cut on this machine (`tune`)
     tracing       a forward that keeps every layer
     causal_proof  the proof that the cache is exact, bit for bit

@@ -53,7 +53,7 @@ def recording(attend: Callable, gpt: GPT2, trace: Trace, cache: KVCache | None, 
         seen = k if cache is None else cache.k[layer, :cache.length + q.shape[1]].transpose(1, 0, 2)  # keys 0 .. S-1
         trace.keys.append(merge_heads(k))
         trace.values.append(merge_heads(v))
-        trace.weights.append(gpt.kernels.weights(q, seen))
+        trace.weights.append(gpt.kernels.attention_weights(q, seen))
         return out
     return attend_and_record
 

@@ -10,8 +10,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import kernels
-from .tuning import MIB, NEVER, OPENBLAS_SPLIT, Tuning, cache_bytes, machine_default, threads
+from .fast import fast_linear
+from .linear import exact_linear
+from .tuning import MIB, NEVER, OPENBLAS_SPLIT, Tuning, cache_bytes, machine_default, threads, tuned
 
 SETTLE = 0.15  # seconds: longer than OpenBLAS's threads spin after a call (2**28 cycles), taking the CPUs
 
@@ -50,11 +51,11 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
     choice = machine_default()
     l2 = (cache_bytes(2) or MIB) // 4  # weights that fill one core's L2
 
-    def products(weights, rows: int, linear=kernels.exact_linear):
+    def products(weights, rows: int, linear=exact_linear):
         x = [rng.standard_normal((rows, w.shape[1]), dtype=np.float32) for w in weights]
 
         def run(tuning: Tuning) -> None:
-            with kernels.tuned(tuning):
+            with tuned(tuning):
                 for xi, w in zip(x, weights):
                     linear(xi, w, None)
         return run
@@ -97,10 +98,10 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
                {f"{share:.0%} of L2": int(l2 * share) for share in (1 / 8, 1 / 4, 2 / 5, 1 / 2, 3 / 4)},
                products(step, 16))
         choice = replace(choice, shared_rows=switch("exact kernels", "shared_rows",
-                                                    ("blocks split by OpenBLAS", "shared blocks"), kernels.exact_linear,
+                                                    ("blocks split by OpenBLAS", "shared blocks"), exact_linear,
                                                     rounds=3, settle=SETTLE))
         if choice.shared_rows <= 16:  # the batch takes shared blocks: OpenBLAS's split serves fewer rows alone
             decide("blocks for 2 rows, split by OpenBLAS", "rows_block", rows_blocks, few)
     choice = replace(choice, gemm_rows=switch("fast kernels", "gemm_rows", ("gemv per row", "one gemm"),
-                                              kernels.fast_linear, rounds=3, settle=SETTLE))
+                                              fast_linear, rounds=3, settle=SETTLE))
     return choice, report

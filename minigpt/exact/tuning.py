@@ -1,5 +1,6 @@
 """How the kernels cut the weights into blocks, chosen for the machine they run on, and the two
-numbers that do decide their bits: the thread count and the alignment it feeds.
+numbers that do decide their bits: the thread count and the alignment it feeds; and the worker
+threads, as many, that share the kernels' work.
 
 Every gemv call computes a multiple of `alignment()` outputs, from the thread count (`threads()`,
 as OpenBLAS reads it): that is what makes an output's bits the same at any thread count
@@ -16,6 +17,8 @@ build and thread count, as FFTW keeps its wisdom. MINIGPT_TUNING=off ignores a k
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import fcntl
 import json
 import math
@@ -23,9 +26,11 @@ import os
 import stat
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -60,7 +65,32 @@ def threads() -> int:
     return min(cpus, 64)
 
 
-ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (kernels, point 2)
+@cache
+def workers() -> ThreadPoolExecutor | None:
+    """The worker threads that share the kernels' work with the calling thread (None: it works
+    alone), threads() - 1 of them. NumPy releases the GIL inside a matrix product, so they run in parallel."""
+    n = threads()
+    return ThreadPoolExecutor(n - 1, thread_name_prefix="minigpt-kernels") if n > 1 else None
+
+
+R = TypeVar("R")  # what a call returns
+
+
+def together(calls: list[Callable[[], R]]) -> list[R]:
+    """Each call's result, the first made by the calling thread and the others by the worker threads
+    at the same time, each in the caller's context (its np.errstate). Every call has ended when this
+    returns or raises: none goes on writing into shared arrays after an error."""
+    if len(calls) == 1:
+        return [calls[0]()]
+    futures = [workers().submit(contextvars.copy_context().run, call) for call in calls[1:]]
+    try:
+        first = calls[0]()
+    finally:
+        wait(futures)
+    return [first, *(f.result() for f in futures)]
+
+
+ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (docs/exactness.md, point 2)
 
 
 @cache
@@ -165,6 +195,24 @@ def current() -> Tuning:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             print(f"minigpt: ignoring the kept tuning in {path} ({reason}); using the defaults", file=sys.stderr)
     return machine_default()
+
+
+_TUNED: contextvars.ContextVar[Tuning | None] = contextvars.ContextVar("minigpt_tuning", default=None)
+
+
+def in_force() -> Tuning:
+    """The cut the kernels use: `tuned`'s, else `current()`."""
+    return _TUNED.get() or current()
+
+
+@contextlib.contextmanager
+def tuned(choice: Tuning) -> Iterator[None]:
+    """Run with another cut of the weights (the tuner's candidates; the property that bits do not move)."""
+    token = _TUNED.set(choice)
+    try:
+        yield
+    finally:
+        _TUNED.reset(token)
 
 
 def keep(tuning: Tuning) -> Path:

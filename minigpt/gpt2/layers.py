@@ -3,13 +3,14 @@
 Two operations decide the order of floating-point sums, and so the last bits of the results: the
 linear map and attention. They are passed in as a `Kernels` set; `PLAIN` holds the plain NumPy ones
 below; minigpt.exact.kernels has `EXACT`, which gives every row the same bits whatever else is computed
-with it (docs/exactness.md), and `FAST`, these with per-row products where a gemm of few rows is slow.
+with it (docs/exactness.md), and `FAST`, these made quicker where plain NumPy is slow.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -66,20 +67,19 @@ def attention_weights(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return scores
 
 
-def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int | None = None) -> np.ndarray:
-    """Causal attention: each query's weighted sum of the values it sees, [H, T, hd]. The keys and
-    values are those of positions 0 .. length-1 (default: all S); a cache may hand more slots."""
-    k, v = k[:, :length], v[:, :length]  # [H, S, hd]
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Causal attention: each query's weighted sum of the values it sees, [H, T, hd]."""
     return attention_weights(q, k) @ v  # [H, T, S] @ [H, S, hd] -> [H, T, hd]
 
 
-class Kernels(NamedTuple):
+@dataclass(frozen=True)
+class Kernels:
     """The order-sensitive operations a forward calls; another set can replace them."""
 
     name: str
     linear: Callable  # (x [T, n_in], weight [n_out, n_in], bias [n_out] | None) -> [T, n_out]
-    attend: Callable  # (q [H, T, hd], k [H, S, hd], v [H, S, hd], length=S) -> [H, T, hd]
-    weights: Callable  # (q [H, T, hd], k [H, S, hd]) -> [H, T, S], the weights `attend` uses
+    attend: Callable  # (q [H, T, hd], k [H, S, hd], v [H, S, hd]) -> [H, T, hd]
+    attention_weights: Callable  # (q [H, T, hd], k [H, S, hd]) -> [H, T, S], the weights `attend` uses
 
 
 PLAIN = Kernels("plain", linear, attend, attention_weights)  # what everyone writes; not batch-invariant

@@ -17,7 +17,7 @@ from ..gpt2.config import GPT2Config
 from ..errors import ConfigError, ContextLengthError, DrafterError, InputError, check_int, is_int, shown
 from ..gpt2.forward import GPT2
 from ..cache.kv_cache import KVCache
-from ..gpt2.layers import Kernels
+from ..exact.kernels import BatchKernels
 from ..engine.paging import PagedCache
 from ..gpt2.params import GPT2Params
 from ..loop.sequence import context_error, positions_needed
@@ -69,8 +69,8 @@ def check_parts(params: object, config: object, kernels: object) -> None:
     the config's shapes. GPT2Params are frozen, so weights are checked once per config (148 tensors:
     68 us against a 10 ms decode step for GPT-2 small)."""
     check_config(config)
-    if not isinstance(kernels, Kernels):
-        raise InputError(f"kernels must be a Kernels set (minigpt.exact.kernels.EXACT or FAST), got {kernels!r}")
+    if not isinstance(kernels, BatchKernels):
+        raise InputError(f"kernels must be a kernel set (minigpt.exact.kernels.EXACT or FAST), got {kernels!r}")
     if not isinstance(params, GPT2Params) or _CHECKED.get(params) is not config:
         check_params(params, config)
         _CHECKED[params] = config

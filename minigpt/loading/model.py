@@ -20,10 +20,9 @@ import numpy as np
 from .checks import check_cache, check_ids, check_parts, check_room
 from ..errors import InputError, NumericalError, check_int, shown
 from ..gpt2.forward import GPT2, forward
-from ..exact.kernels import EXACT
+from ..exact.kernels import EXACT, BatchKernels
 from ..cache.kv_cache import KVCache, forward_cached, new_cache
-from ..gpt2.layers import Kernels
-from ..engine.batched import clear_page_tail, forward_batch
+from ..engine.batched import forward_batch
 from ..loop.sequence import check_finite
 from ..exact.tracing import first_non_finite
 
@@ -40,7 +39,7 @@ class Model(GPT2):
     alone never needs GPT-2's BPE tables.
     """
 
-    kernels: Kernels = EXACT
+    kernels: BatchKernels = EXACT
     tokenizer_loader: Callable[[], Encoding] | None = None
 
     def __post_init__(self) -> None:
@@ -76,7 +75,6 @@ class Model(GPT2):
             cache = new_cache(self.config, min(ids.size, self.config.n_positions)) if cache is None \
                 else check_cache(self.config, cache)
             check_room(self.config, cache, ids.size)
-            clear_page_tail(cache, cache.length + ids.size)
             checked.append(cache)
         starts = [cache.length for cache in checked]
         try:
@@ -103,7 +101,17 @@ class Model(GPT2):
         if capacity > self.config.n_positions:
             raise InputError(f"capacity must be at most the model's context of {self.config.n_positions} positions "
                              f"(n_positions), got {shown(capacity)}")
-        return new_cache(self.config, capacity)
+        cache = new_cache(self.config, capacity)
+        return CheckedCache(cache.k, cache.v)
+
+
+class CheckedCache(KVCache):
+    """model.new_cache()'s KVCache: its truncate refuses a length the cache does not hold."""
+
+    def truncate(self, length: int) -> None:
+        if check_int(length, "length", 0) > self.length:
+            raise InputError(f"cannot truncate a cache of length {self.length} to {length}")
+        super().truncate(length)
 
 
 def read_only(part) -> None:

@@ -20,7 +20,9 @@ from typing import Callable, TypeVar
 import numpy as np
 
 from minigpt.loading.checkpoint import save_checkpoint
-from minigpt.exact.kernels import FAST, Queries, attend_batch, threads as blas_threads
+from minigpt.exact.attention import BatchPart
+from minigpt.exact.kernels import FAST
+from minigpt.exact.tuning import threads as blas_threads
 from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.loading.loader import load
 from minigpt.loading.model import Model
@@ -155,7 +157,7 @@ def attention_alone(model: Model, lengths: list[int], queries: int = 1) -> Calla
     def run() -> float:
         start = time.perf_counter()
         for layer in range(config.n_layer):
-            attend_batch(model.kernels, q, [Queries(r, p.length, p.segments(layer)) for p, r in zip(places, rows)])
+            model.kernels.attend_batch(q, [BatchPart(r, p.length, p.segments(layer)) for p, r in zip(places, rows)])
         return time.perf_counter() - start
     return run
 

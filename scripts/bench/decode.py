@@ -30,7 +30,6 @@ from minigpt.scripted.api import generate, make_request
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
 from minigpt.cache.kv_cache import forward_cached, new_cache
-from minigpt.gpt2.layers import Kernels
 from minigpt.loading.model import Model
 from minigpt.engine.paging import PAGE, pages_for
 from minigpt.cli.pictures import plot_latencies
@@ -66,7 +65,8 @@ def clocked(model: Model) -> tuple[Model, dict[str, float]]:
                 spent[part] += time.perf_counter() - start
         return run
     k = model.kernels
-    kernels = Kernels(k.name, timed("products", k.linear), timed("attention", k.attend), k.weights)
+    kernels = dataclasses.replace(k, linear=timed("products", k.linear), attend=timed("attention", k.attend),
+                                  attend_batch=timed("attention", k.attend_batch))
     return dataclasses.replace(model, kernels=kernels), spent
 
 
@@ -123,7 +123,7 @@ def without_products(model: Model, keys: int) -> Callable[[], float]:
         return table.setdefault((x.shape[0], w.shape[0]), np.zeros((x.shape[0], w.shape[0]), np.float32))
 
     kernels = model.kernels
-    stub = dataclasses.replace(model, kernels=Kernels(kernels.name, answered, kernels.attend, kernels.weights))
+    stub = dataclasses.replace(model, kernels=dataclasses.replace(kernels, linear=answered))
     context = keys - 1  # the positions before the step
     cache = new_cache(model.config, PAGE * pages_for(keys))
     forward_cached(model, list(range(context)), cache)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from minigpt.scripted.api import Engine, generate, make_requests
-from minigpt.exact.kernels import PAGE
+from minigpt.exact.attention import PAGE
 from minigpt.engine.paging import PagedCache, PagePool, pages_for
 
 from .common import Report, RunInfo, Target, log, random_124m, timed

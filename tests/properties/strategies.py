@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from minigpt.exact.causal_proof import record_forward
 from minigpt.gpt2.config import GPT2Config
-from minigpt.exact.kernels import EXACT, PAGE, Kernels
+from minigpt.exact.attention import PAGE
+from minigpt.exact.kernels import EXACT, BatchKernels
 from minigpt.engine.paging import pages_for
 from minigpt.loading.model import Model
 from minigpt.gpt2.params import GPT2Params
@@ -39,7 +40,7 @@ def zero_params(config: GPT2Config) -> GPT2Params:
 
 
 @st.composite
-def models(draw, kernels: Kernels = EXACT, scales=SCALES, min_positions: int = 1) -> Model:
+def models(draw, kernels: BatchKernels = EXACT, scales=SCALES, min_positions: int = 1) -> Model:
     """A random small GPT-2 with weights at one of `scales` (no tokenizer: ids only)."""
     config = draw(configs(min_positions))
     scale = draw(st.sampled_from(scales))
@@ -93,7 +94,7 @@ def controls(draw, vocab_size: int, max_new_tokens: int) -> dict:
 
 
 @st.composite
-def batches(draw, kernels: Kernels = EXACT, scales=SCALES):
+def batches(draw, kernels: BatchKernels = EXACT, scales=SCALES):
     """A random model and 1-6 requests of random lengths and options (sampling and controls), with
     max_batch_size and a pool size from the smallest that fits the largest request to ample."""
     model = draw(models(kernels, scales, min_positions=2))

@@ -3,19 +3,21 @@ promotes float32 to float64 when one does, silently)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 from strategies import chunkings, models, token_ids
 
 from minigpt.scripted.api import generate
-from minigpt.exact.kernels import EXACT, FAST, Kernels
+from minigpt.exact.kernels import EXACT, FAST, BatchKernels
 from minigpt.exact.tracing import traced_forward
 
 F32 = np.dtype(np.float32)
 
 
-def checking(kernels: Kernels, seen: list) -> Kernels:
+def checking(kernels: BatchKernels, seen: list) -> BatchKernels:
     """The kernel set, recording the dtype of every array that enters or leaves its two functions:
     the outputs of every LayerNorm, GELU, head split and merge, linear layer and attention."""
     def linear(x, weight, bias):
@@ -23,17 +25,17 @@ def checking(kernels: Kernels, seen: list) -> Kernels:
         seen.extend((x.dtype, weight.dtype, y.dtype) + (() if bias is None else (bias.dtype,)))
         return y
 
-    def attend(q, k, v, length=None):
-        out = kernels.attend(q, k, v, length)
+    def attend(q, k, v):
+        out = kernels.attend(q, k, v)
         seen.extend((q.dtype, k.dtype, v.dtype, out.dtype))
         return out
 
     def weights(q, k):
-        w = kernels.weights(q, k)
+        w = kernels.attention_weights(q, k)
         seen.extend((q.dtype, k.dtype, w.dtype))
         return w
 
-    return Kernels(kernels.name, linear, attend, weights)
+    return dataclasses.replace(kernels, linear=linear, attend=attend, attention_weights=weights)
 
 
 @given(st.data())

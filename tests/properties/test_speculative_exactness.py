@@ -4,6 +4,8 @@ whatever logits processing the request asks for (the penalties count exactly the
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,7 +36,7 @@ def recording(model: Model, rows: list) -> Model:
             rows.extend(y)
         return y
 
-    return Model(model.config, model.params, model.kernels._replace(linear=linear))
+    return Model(model.config, model.params, dataclasses.replace(model.kernels, linear=linear))
 
 
 drafters = st.sampled_from(["ngram", "self", "random"])

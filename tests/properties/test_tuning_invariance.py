@@ -10,7 +10,8 @@ from bits import assert_same_bits
 from strategies import models, token_ids
 
 from minigpt.gpt2.forward import forward
-from minigpt.exact.kernels import exact_linear, tuned
+from minigpt.exact.linear import exact_linear
+from minigpt.exact.tuning import tuned
 from minigpt.exact.tuning import Tuning
 
 tunings = st.builds(Tuning, row_block=st.integers(1, 2**23), rows_block=st.integers(1, 2**22),
