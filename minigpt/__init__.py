@@ -16,8 +16,8 @@ docstring lists its modules in reading order:
     cache     2. the KV cache
     loop      3. the loop and what it costs
     exact     4. new: exactness
-    engine    5. the engine
-    loading   6. loading and checking
+    loading   5. loading and checking
+    engine    6. the engine
     scripted  7. scripted use
     cli       7. `python -m minigpt ...`, one module per command
  The names below are imported on first use, so `import minigpt`
@@ -30,7 +30,7 @@ _EXPORTS = {  # name -> the module that defines it
     "GPT2Config": "gpt2.config", "KVCache": "cache.kv_cache", "GenerationResult": "loop.sequence",
     "StreamedToken": "loop.sequence", "Model": "loading.model", "encode": "loading.tokenizer",
     "gpt2_tokenizer": "loading.tokenizer", "load": "loading.loader", "generate": "scripted.api",
-    "stream": "scripted.api", "generate_batch": "scripted.api", "Engine": "scripted.api", "score": "scripted.api",
+    "stream": "scripted.api", "generate_batch": "scripted.api", "Engine": "engine.engine", "score": "scripted.api",
     "prove": "scripted.api", "inspect": "scripted.api",
     "MinigptError": "errors",
 }

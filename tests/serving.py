@@ -16,7 +16,7 @@ pytest.importorskip("starlette", reason="the serve extra is not installed (pip i
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install -e '.[serve]')")
 
 import minigpt  # noqa: E402
-from minigpt.scripted.api import Engine  # noqa: E402
+from minigpt.engine.engine import Engine  # noqa: E402
 from minigpt.scripted.serve import Service, bind, server  # noqa: E402
 
 HOST = "127.0.0.1"

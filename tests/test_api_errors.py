@@ -33,7 +33,7 @@ import minigpt
 import minigpt.loading.loader
 import minigpt.gpt2.forward
 import minigpt.cache.kv_cache
-import minigpt.engine.batched
+import minigpt.exact.batched
 import minigpt.exact.tracing
 from minigpt.engine.paging import PagedCache, PagePool
 from minigpt.loading.checkpoint import save_checkpoint
@@ -385,7 +385,7 @@ def no_work(monkeypatch):
     def block(*args, **kwargs):
         pytest.fail("a transformer block ran before the request was refused")
 
-    for module in (minigpt.gpt2.forward, minigpt.cache.kv_cache, minigpt.engine.batched):  # every forward's blocks
+    for module in (minigpt.gpt2.forward, minigpt.cache.kv_cache, minigpt.exact.batched):  # every forward's blocks
         monkeypatch.setattr(module, "block", block)
 
 
@@ -1048,7 +1048,7 @@ def test_a_forward_interrupted_midway_leaves_the_cache_as_it_was(tiny_model, mon
             raise KeyboardInterrupt
         return real_block(*args)
 
-    for module in (minigpt.cache.kv_cache, minigpt.engine.batched):
+    for module in (minigpt.cache.kv_cache, minigpt.exact.batched):
         monkeypatch.setattr(module, "block", block)
     with pytest.raises(KeyboardInterrupt):
         tiny_model.forward([13, 14], cache)

@@ -10,7 +10,9 @@ import pytest
 
 import minigpt
 import minigpt.scripted.api
-from minigpt.scripted.api import Engine, generate_batch, make_requests
+from minigpt.engine.engine import Engine
+from minigpt.scripted.api import generate_batch
+from minigpt.loading.requests import make_requests
 from minigpt.errors import ContextLengthError, InputError
 from minigpt.exact.attention import PAGE
 
@@ -95,8 +97,8 @@ def test_a_pool_that_cannot_be_reserved_is_an_input_error_naming_what_to_lower(m
 def test_generate_batch_holds_no_more_than_a_whole_context_per_prompt(model, monkeypatch):
     """A huge max_batch_size or kv_cache_tokens allocates no more than the prompts can use at once."""
     sizes = []
-    real = minigpt.scripted.api.PagePool.__init__
-    monkeypatch.setattr(minigpt.scripted.api.PagePool, "__init__",
+    real = minigpt.engine.paging.PagePool.__init__
+    monkeypatch.setattr(minigpt.engine.paging.PagePool, "__init__",
                         lambda self, config, n: (sizes.append(n), real(self, config, n))[1])
     generate_batch(model, [[1]] * 2, 4, max_batch_size=10**30)
     generate_batch(model, [[1]] * 2, 4, kv_cache_tokens=10**30)
@@ -137,7 +139,7 @@ def test_a_page_is_zeroed_when_taken_so_a_last_page_read_whole_reads_no_old_keys
     """The exact kernels read a sequence's last page whole: a page taken from the pool holds zeros,
     whatever an earlier sequence left in it (here NaN everywhere), and the logits are those of a
     fresh pool, bit for bit."""
-    from minigpt.engine.batched import forward_batch
+    from minigpt.exact.batched import forward_batch
     from minigpt.engine.paging import PagePool
 
     def logits(pool):
@@ -159,7 +161,7 @@ def test_a_length_set_back_by_hand_continues_bitwise_as_a_truncated_cache(model,
         if not paged:
             cache = model.new_cache(64)
         else:
-            pool = minigpt.scripted.api.PagePool(model.config, 4)
+            pool = minigpt.engine.paging.PagePool(model.config, 4)
             cache = pool.new_cache()
             pool.grow(cache, 64)
         model.forward(ids, cache)
@@ -193,7 +195,7 @@ def test_a_length_of_a_small_numpy_integer_type_continues_as_a_python_int(model,
 def test_a_paged_cache_set_back_holds_zeros_after_its_length(model):
     """Setting a pool's cache's length back zeroes what it forgets, as a page comes from the pool:
     the exact kernels read its last page whole, in place."""
-    pool = minigpt.scripted.api.PagePool(model.config, 4)
+    pool = minigpt.engine.paging.PagePool(model.config, 4)
     cache = pool.new_cache()
     pool.grow(cache, 40)
     model.forward(list(range(100, 140)), cache)

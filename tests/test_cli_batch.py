@@ -94,7 +94,7 @@ def assert_same(output: dict, result: minigpt.GenerationResult) -> None:
 def test_lines_come_out_in_input_order_although_later_ones_finish_first(capsys, tmp_path, small, small_model):
     lines = [{"prompt_ids": [1, 2, 3], "max_new_tokens": 12}, {"prompt_ids": [4], "max_new_tokens": 2},
              {"prompt_ids": [5, 6], "max_new_tokens": 6}]
-    requests = minigpt.scripted.api.make_requests(small_model, [line["prompt_ids"] for line in lines], dict(
+    requests = minigpt.loading.requests.make_requests(small_model, [line["prompt_ids"] for line in lines], dict(
         max_new_tokens=[line["max_new_tokens"] for line in lines], temperature=0.0, top_k=None, top_p=None,
         seed=None, stop=None, stop_at_eos=True, top_logprobs=0))
     engine = minigpt.scripted.api.Engine(small_model, max_batch_size=16)

@@ -19,7 +19,7 @@ from test_api_errors import EOT, TINY
 from test_cli_errors import cli, environment
 
 import minigpt
-from minigpt.scripted.options import OPTIONS
+from minigpt.loading.options import OPTIONS
 from minigpt.loading.checkpoint import save_checkpoint
 from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params
 

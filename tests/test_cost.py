@@ -17,7 +17,7 @@ from minigpt.loop.cost import ARCHITECTURES, MAX_TOKENS, estimate, gpt2_architec
 from minigpt.loop.loops import cached_steps, naive_steps
 from minigpt.cache.kv_cache import new_cache
 from minigpt.loading.weights import random_params
-from minigpt.scripted.api import make_request
+from minigpt.loading.requests import make_request
 from minigpt.loop.sequence import Sequence
 
 GPT2 = ARCHITECTURES["gpt2"]

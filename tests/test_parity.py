@@ -31,7 +31,7 @@ from minigpt.gpt2.config import GPT2_SIZES, GPT2Config
 from minigpt.loop.loops import cached_steps, naive_steps
 from minigpt.loading.weights import random_params
 from minigpt.loading.safetensors_format import read_header
-from minigpt.scripted.api import make_request
+from minigpt.loading.requests import make_request
 from minigpt.loop.sequence import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]

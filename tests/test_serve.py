@@ -332,7 +332,7 @@ def test_a_failed_step_still_answers_a_request_that_left_the_engine_at_its_start
     """A request with nothing to generate leaves the engine at the start of a step that then fails
     for another request: it gets its answer, the other its error, and the engine thread goes idle
     and stops (no ticket left behind, no step after step with nothing to do)."""
-    from minigpt.scripted.api import make_request
+    from minigpt.loading.requests import make_request
     from minigpt.scripted.engine_thread import EngineThread, Ticket
     from minigpt.scripted.metrics import Metrics
 

@@ -23,7 +23,8 @@ from minigpt.loading.model import Model
 from minigpt.loading.weights import random_params
 from minigpt.loop.sampling import SamplingOptions, filtered_log_probs
 from minigpt.loop.sequence import Request, Sequence
-from minigpt.engine.speculative import NGramDrafter, verify
+from minigpt.engine.drafters import NGramDrafter
+from minigpt.engine.speculative import verify
 
 Z_0001 = 3.0902  # the standard normal's 0.999 quantile
 

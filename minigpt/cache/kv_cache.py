@@ -59,7 +59,7 @@ class KVCache:
 
     def runs(self, n: int) -> list[tuple[int, int]]:
         """Where positions 0 .. n-1 lie in the store, as ranges of its rows: one (a batched forward
-        asks every cache, minigpt.engine.batched; a pool's answers in pages)."""
+        asks every cache, minigpt.exact.batched; a pool's answers in pages)."""
         return [(0, n)]
 
 

@@ -19,8 +19,9 @@ from typing import Callable, Iterator
 
 from tqdm import tqdm
 
-from ..scripted.api import Engine, check_against_model, make_request
-from ..scripted.options import OPTIONS, check_options, from_json
+from ..loading.requests import check_against_model, make_request
+from ..engine.engine import Engine
+from ..loading.options import OPTIONS, check_options, from_json
 from ..errors import InputError, MinigptError, check_bool
 from ..loading.model import Model
 from ..loading.safetensors_format import unique_keys

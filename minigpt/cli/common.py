@@ -19,7 +19,7 @@ from ..exact.kernels import KERNELS
 from ..loading.loader import load
 from ..loading.model import Model
 from ..loading.tokenizer import encode, token_text, valid_text
-from ..scripted.options import OPTIONS, check_options
+from ..loading.options import OPTIONS, check_options
 
 
 class UsageError(InputError):
@@ -110,7 +110,7 @@ non_negative_int = checked(int, lambda v: v >= 0, ">= 0")
 
 def read_as(kind: type):
     """An argparse type: a flag's text as an int or float when it reads as one, else the text itself,
-    which the option's check refuses naming it (one check, minigpt.scripted.options)."""
+    which the option's check refuses naming it (one check, minigpt.loading.options)."""
     def read(text: str):
         try:
             return kind(text)
@@ -134,7 +134,7 @@ FILES = {"json_schema": "FILE-or-JSON", "grammar": "FILE"}  # options whose flag
 
 
 def add_request_options(p: argparse.ArgumentParser, batched: bool) -> None:
-    """A flag for each request option (minigpt.scripted.options.OPTIONS; batched: those many prompts
+    """A flag for each request option (minigpt.loading.options.OPTIONS; batched: those many prompts
     take), with its help and default. A flag not given is None: `request_options` keeps only those given."""
     for option in OPTIONS.values():
         if batched and not option.batched:

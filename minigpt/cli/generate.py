@@ -6,12 +6,12 @@ import argparse
 import sys
 
 from ..scripted.api import generate, stream
-from ..scripted.options import OPTIONS, check_options
+from ..loading.options import OPTIONS, check_options
 from ..errors import MinigptError
 from ..loading.loader import load
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult
-from ..engine.speculative import DRAFT_TOKENS
+from ..engine.drafters import DRAFT_TOKENS
 from ..loading.tokenizer import valid_text
 from .common import (UsageError, add_model_options, add_request_options, encode_prompt, load_model, positive_int,
                      print_json, print_whole, request_options, top_logprobs_json)

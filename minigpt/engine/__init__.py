@@ -1,9 +1,10 @@
-"""Part 5, the engine: many sequences served together on paged KV memory, each bitwise as if alone
+"""Part 6, the engine: many sequences served together on paged KV memory, each bitwise as if alone
 (docs/paging.md, docs/batching.md, docs/prefix-cache.md, docs/speculative.md).
 
 Modules, in reading order:
     paging       paged KV memory, and the prefix cache: full pages kept under the chained hash of their prefix
-    batched      the batched forward: many sequences' new positions through the weights at once
     scheduler    continuous batching with a prefix cache: admission, eviction, preemption
-    speculative  more tokens per read: drafters and exact verification
+    drafters     guessing tokens: prompt lookup, a draft model, and the contract a drafter of one's own keeps
+    speculative  more tokens per read: several drafts checked in one forward, exactly
+    engine       Engine: the pool and the scheduler across calls, driven by one thread at a time
 """

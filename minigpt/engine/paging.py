@@ -243,17 +243,27 @@ class PagedCache:
     def nbytes(self) -> int:
         return len(self.pages) * self.pool.page_bytes
 
+    def fault(self) -> str | None:
+        """What makes this cache unusable, for the boundary to refuse it (minigpt.loading.checks): a
+        page table pointing outside the pool or holding a page twice; None if nothing."""
+        n = self.pool.n_pages
+        if not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool) and 0 <= p < n for p in self.pages):
+            return f"page table {self.pages} points outside its pool of {n} pages"
+        if len(set(self.pages)) != len(self.pages):
+            return f"page table {self.pages} holds a page twice: two positions would share a slot"
+        return None
+
     def slots(self, start: int, stop: int) -> np.ndarray | slice:
         """The pool slots of positions start .. stop-1: a slice when they follow each other."""
         positions = np.arange(start, stop)
-        slots = np.asarray(self.pages)[positions // PAGE] * PAGE + positions % PAGE
+        slots = np.asarray(self.pages, np.int64)[positions // PAGE] * PAGE + positions % PAGE
         return slice(int(slots[0]), int(slots[-1]) + 1) if slots.size and (np.diff(slots) == 1).all() else slots
 
     def runs(self, n: int) -> list[tuple[int, int]]:
         """The pool slot ranges [a, b) of the whole pages that hold positions 0 .. n-1, one per run
         of consecutive pages."""
         runs: list[list[int]] = []
-        for page in self.pages[:pages_for(n)]:
+        for page in map(int, self.pages[:pages_for(n)]):  # a NumPy integer's products could wrap
             if runs and runs[-1][1] == page * PAGE:
                 runs[-1][1] += PAGE
             else:

@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import InputError
 from ..gpt2.forward import GPT2
 from .paging import PAGE, PageKey, PagedCache, PagePool, PageScores, chained_hashes, page_hash, page_tokens
-from .batched import forward_batch
+from ..exact.batched import forward_batch
 from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
 from ..loop.sequence import GenerationResult, Request, Sequence, check_finite
 

@@ -2,13 +2,8 @@
 
 When memory bandwidth is the limit, a forward over k + 1 rows costs little more than over one
 (the weights are read once either way), so a step that checks k guessed tokens can produce up to
-k + 1 tokens for about the price of one (docs/speculative.md). A *drafter* guesses:
-
-- `NGramDrafter` (prompt lookup): find the context's last n tokens earlier in the context and
-  propose what followed them there (Hugging Face's prompt_lookup_num_tokens, vLLM's ngram
-  speculator, llama.cpp's lookup). Free, and right whenever the text repeats itself.
-- `ModelDrafter`: a smaller model with the same vocabulary (distilgpt2 drafting for gpt2-xl),
-  with its own KV cache, rolled back with the model's.
+k + 1 tokens for about the price of one (docs/speculative.md). A *drafter* guesses
+(minigpt.engine.drafters: prompt lookup, or a smaller model with the same vocabulary).
 
 The model checks the drafts in one forward over [last token, d1 .. dk]. Row i of its logits is
 the next-token distribution after d1 .. di; with the exact kernels it is bitwise the row plain
@@ -37,79 +32,16 @@ Source: Inference Engineering (fanout.sh, inference-eng): the third fix of "The 
 from __future__ import annotations
 
 import time
-from typing import Iterator, Protocol
+from typing import Iterator
 
 import numpy as np
 
 from ..gpt2.forward import GPT2
 from ..cache.kv_cache import forward_cached, new_cache
-from ..loop.sampling import SamplingOptions, probabilities
 from ..loop.sequence import Sequence, check_finite
+from .drafters import Drafter
 
-MAX_NGRAM = 3  # prompt lookup tries the last 3, then 2, then 1 tokens
 MAX_WAIT = 64  # plain steps at most between two single-draft tries
-DRAFT_TOKENS = 4  # draft_tokens by default: k's ceiling (the room left for new tokens caps it too)
-
-
-class Drafter(Protocol):
-    """What the loop needs from a drafter."""
-
-    def propose(self, ids: list[int], k: int, options: SamplingOptions,
-                rng: np.random.Generator) -> tuple[list[int], np.ndarray | None]:
-        """Up to k guessed tokens after `ids`, and q [n, vocab], the probability of each guess's
-        position under the drafter (None: certain guesses, q one-hot)."""
-        ...
-
-    def accepted(self, n_positions: int) -> None:
-        """The sequence now holds its first n_positions tokens for good: forget any guess past them."""
-        ...
-
-
-class NGramDrafter:
-    """Prompt lookup: propose the tokens that followed the latest earlier occurrence of the
-    context's last n tokens (n = MAX_NGRAM down to 1). When fewer than k tokens follow it (the
-    occurrence is recent: the text is repeating itself with that period), the guess continues the
-    repetition."""
-
-    def propose(self, ids, k, options, rng):
-        arr = np.asarray(ids)
-        for n in range(min(MAX_NGRAM, len(arr) - 1), 0, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)  # every earlier n-gram
-            hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
-            if hits.size:
-                follows = arr[hits[-1] + n:]  # what followed the latest occurrence, up to now
-                return follows[np.arange(k) % follows.size].tolist(), None  # repeated with its period
-        return [], None
-
-    def accepted(self, n_positions):
-        pass
-
-
-class ModelDrafter:
-    """A smaller model that guesses with its own KV cache, one token at a time."""
-
-    def __init__(self, draft: GPT2, capacity: int):
-        self.draft = draft
-        self.cache = new_cache(draft.config, capacity)
-
-    def propose(self, ids, k, options, rng):
-        tokens, q = [], []
-        for _ in range(k):
-            start = self.cache.length
-            logits = forward_cached(self.draft, [*ids, *tokens][start:], self.cache, logits_to_keep=1)[0]
-            if not np.isfinite(logits).all():  # the draft model overflowed: fewer drafts, none of its numbers kept
-                self.cache.truncate(start)
-                break
-            if options.temperature == 0:
-                tokens.append(int(np.argmax(logits)))
-            else:
-                probs = probabilities(logits, options)
-                tokens.append(int(rng.choice(probs.size, p=probs / probs.sum())))
-                q.append(probs)
-        return tokens, (np.stack(q) if q else None)
-
-    def accepted(self, n_positions):
-        self.cache.truncate(min(self.cache.length, n_positions))
 
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ Modules, in reading order:
     attention     the exact attention: pages of 16 keys, fixed sums, one division
     fast          FAST's operations: plain NumPy made quicker, not batch-invariant
     kernels       the kernel sets EXACT and FAST, each with every operation a forward or a batched forward calls
+    batched       the batched forward: many sequences' new positions through the weights at once, each row as alone
     tuner         measuring the fastest cut on this machine (`tune`)
     tracing       a forward that keeps every layer
     causal_proof  the proof that the cache is exact, bit for bit

@@ -17,7 +17,7 @@ from .linear import exact_linear
 
 @dataclass(frozen=True)
 class BatchKernels(Kernels):
-    """A kernel set with the batched forward's operation too (minigpt.engine.batched)."""
+    """A kernel set with the batched forward's operation too (minigpt.exact.batched)."""
 
     attend_batch: Callable  # (q [H, N, hd], [attention.BatchPart, ...]) -> [H, N, hd]: each sequence over its own keys
 

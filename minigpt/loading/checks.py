@@ -18,10 +18,8 @@ from ..errors import ConfigError, ContextLengthError, DrafterError, InputError, 
 from ..gpt2.forward import GPT2
 from ..cache.kv_cache import KVCache
 from ..exact.kernels import BatchKernels
-from ..engine.paging import PagedCache
 from ..gpt2.params import GPT2Params
 from ..loop.sequence import context_error, positions_needed
-from ..engine.speculative import DRAFT_TOKENS, Drafter, ModelDrafter, NGramDrafter
 from .weights import expected_shapes, params_to_tensors
 
 
@@ -98,17 +96,18 @@ def check_ids(ids, vocab_size: int, name: str = "ids") -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def check_cache(config: GPT2Config, cache: object) -> KVCache | PagedCache:
-    """`cache` if it fits this model (its length and page numbers then Python ints): a KVCache
-    (model.new_cache()) or a pool's PagedCache; else InputError naming what does not fit. A cache
-    made by a model of other shapes would fail inside NumPy or, with only the layer count different,
-    be silently accepted."""
-    if isinstance(cache, PagedCache):
-        arrays, n_slots = {"k": cache.pool.k, "v": cache.pool.v}, cache.pool.n_pages
-    elif isinstance(cache, KVCache):
-        arrays, n_slots = {"k": cache.k, "v": cache.v}, None
-    else:
+POOLED = ("k", "v", "length", "capacity", "runs", "fault")  # what a pool's cache has (minigpt.engine.paging)
+
+
+def check_cache(config: GPT2Config, cache: object) -> KVCache:
+    """`cache` if it fits this model (its length then a Python int): a KVCache (model.new_cache()) or
+    a pool's cache (minigpt.engine.paging.PagedCache, which names its own faults); else InputError
+    naming what does not fit. A cache made by a model of other shapes would fail inside NumPy or,
+    with only the layer count different, be silently accepted."""
+    pooled = not isinstance(cache, KVCache)
+    if pooled and not all(hasattr(cache, name) for name in POOLED):
         raise InputError(f"cache must be a KVCache (model.new_cache()), got {type(cache).__name__}")
+    arrays = {"k": cache.k, "v": cache.v}
     for name, a in arrays.items():
         if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 4 or not a.flags.writeable:
             raise InputError(f"the cache's {name} store must be a writable float32 array [n_layer, positions, "
@@ -124,16 +123,12 @@ def check_cache(config: GPT2Config, cache: object) -> KVCache | PagedCache:
         differ = ", ".join(f"{n} {made[n]} (this model: {wanted[n]})" for n in made if made[n] != wanted[n])
         raise InputError(f"the cache was made for another model: its {differ}; a cache's stores are [n_layer, "
                          f"positions, n_head, head_dim], got {k.shape}")
-    if n_slots is None and cache.capacity > config.n_positions:
+    if not pooled and cache.capacity > config.n_positions:
         raise InputError(f"the cache holds {cache.capacity} positions, beyond this model's context of "
                          f"{config.n_positions} (n_positions): it was made for another model")
-    if n_slots is not None:
-        if not all(isinstance(p, (int, np.integer)) and 0 <= p < n_slots for p in cache.pages):
-            raise InputError(f"the cache's page table {cache.pages} points outside its pool of {n_slots} pages")
-        if len(set(cache.pages)) != len(cache.pages):
-            raise InputError(f"the cache's page table {cache.pages} holds a page twice: two positions would share "
-                             "a slot")
-        cache.pages[:] = [int(p) for p in cache.pages]  # a NumPy integer's products would wrap past its range
+    fault = cache.fault() if pooled else None
+    if fault is not None:
+        raise InputError(f"the cache's {fault}")
     if isinstance(cache.length, bool) or not isinstance(cache.length, (int, np.integer)) \
             or not 0 <= cache.length <= cache.capacity:
         raise InputError(f"the cache's length {cache.length!r} is not in 0..{cache.capacity} (its capacity)")
@@ -141,7 +136,7 @@ def check_cache(config: GPT2Config, cache: object) -> KVCache | PagedCache:
     return cache
 
 
-def check_room(config: GPT2Config, cache: KVCache | PagedCache, T: int) -> None:
+def check_room(config: GPT2Config, cache: KVCache, T: int) -> None:
     """ContextLengthError unless T new positions fit after the cached ones."""
     start = cache.length
     if start + T > min(config.n_positions, cache.capacity):
@@ -192,88 +187,3 @@ def check_stride(stride, n_positions: int) -> int:
     if stride is None:
         return max(1, n_positions // 2)
     return check_int(stride, "stride", 1, n_positions)
-
-
-def check_speculation(model: GPT2, speculate, draft_tokens: int | None, max_positions: int) -> tuple[Drafter, int]:
-    """The drafter `speculate` names ("ngram", a draft model, or any object with the Drafter
-    methods, its proposals then checked: CheckedDrafter), checked against the model and the
-    request, and the most drafts per step (draft_tokens, default DRAFT_TOKENS)."""
-    draft_tokens = check_int(DRAFT_TOKENS if draft_tokens is None else draft_tokens, "draft_tokens", 1)
-    if isinstance(speculate, str):
-        if speculate != "ngram":
-            raise InputError("{speculate} must be 'ngram', a draft model or a drafter, got {value}", "speculate",
-                             value=shown(speculate))
-        return NGramDrafter(), draft_tokens
-    if isinstance(speculate, type):
-        raise InputError("{speculate} got the class {value}: give an instance, {value}(...)", "speculate",
-                         value=speculate.__name__)
-    if not isinstance(speculate, GPT2):
-        if callable(getattr(speculate, "propose", None)) and callable(getattr(speculate, "accepted", None)):
-            return CheckedDrafter(speculate, model.config.vocab_size), draft_tokens
-        raise InputError("{speculate} must be 'ngram', a draft model or a drafter, got {value}", "speculate",
-                         value=type(speculate).__name__)
-    if speculate.config.vocab_size != model.config.vocab_size:
-        raise InputError(f"the draft model's vocabulary has {speculate.config.vocab_size} tokens and the "
-                         f"model's {model.config.vocab_size}: a draft must share the model's vocabulary", "speculate")
-    if max_positions > speculate.config.n_positions:
-        raise ContextLengthError(f"this request needs {max_positions} positions and the draft model's context "
-                                 f"holds {speculate.config.n_positions} (n_positions)", "speculate")
-    return ModelDrafter(speculate, max_positions), draft_tokens
-
-
-Q_TOLERANCE = 1e-6  # how far a row of q may sum from 1: float32 rounding, not a distribution forgotten
-
-
-class CheckedDrafter:
-    """A drafter of one's own whose every proposal is checked against the contract (check_proposal)
-    before the model trusts it; NGramDrafter and ModelDrafter keep it by construction."""
-
-    def __init__(self, drafter: Drafter, vocab_size: int):
-        self.drafter, self.vocab_size = drafter, vocab_size
-
-    def propose(self, ids, k, options, rng):
-        return check_proposal(self.drafter, self.drafter.propose(ids, k, options, rng), k, self.vocab_size)
-
-    def accepted(self, n_positions):
-        self.drafter.accepted(n_positions)
-
-
-def check_proposal(drafter: Drafter, proposal, k: int, vocab_size: int) -> tuple[list[int], np.ndarray | None]:
-    """A drafter's `propose` result checked: (drafts, q) with at most k token ids in the vocabulary and
-    q None or [len(drafts), vocab] probabilities (finite, >= 0, each row summing to 1, every draft's
-    own > 0: the acceptance rule min(1, p/q) divides by it, and a q of zeros would accept every
-    draft). A breach is a DrafterError naming the drafter and what it returned; O(k * vocab)."""
-    def breach(problem: str) -> DrafterError:
-        return DrafterError(f"the drafter {type(drafter).__name__}'s propose returned {problem}; it must return "
-                            f"(drafts, q): at most {k} token ids and None or their probabilities [n, {vocab_size}]")
-
-    if not isinstance(proposal, tuple) or len(proposal) != 2:
-        raise breach(f"{type(proposal).__name__} {shown(proposal)}")
-    drafts, q = proposal
-    try:
-        drafts = check_ids(drafts, vocab_size, "drafts").tolist()
-    except InputError as e:
-        raise breach(f"drafts that are no token ids ({e})") from None
-    if len(drafts) > k:
-        raise breach(f"{len(drafts)} drafts where {k} were asked for")
-    if q is None:
-        return drafts, None
-    try:
-        array = np.asarray(q)
-    except ValueError:  # ragged rows
-        raise breach(f"a q that is no array of numbers ({type(q).__name__})") from None
-    if array.dtype.kind not in "biuf":  # complex would lose its imaginary part, objects and text fail later
-        raise breach(f"a q that is no array of real numbers ({type(q).__name__} of {array.dtype})")
-    q = array.astype(np.float64)
-    if q.shape != (len(drafts), vocab_size):
-        raise breach(f"q of shape {list(q.shape)} for {len(drafts)} drafts")
-    if not np.isfinite(q).all() or (q < 0).any():
-        raise breach("a q with negative, NaN or infinite probabilities")
-    sums = q.sum(axis=1)
-    if (abs(sums - 1) > Q_TOLERANCE).any():
-        i = int(np.argmax(abs(sums - 1)))
-        raise breach(f"a q whose row {i} sums to {sums[i]:.6g}, not 1")
-    if drafts and (q[np.arange(len(drafts)), drafts] <= 0).any():
-        i = int(np.flatnonzero(q[np.arange(len(drafts)), drafts] <= 0)[0])
-        raise breach(f"draft {i} ({drafts[i]}) with probability 0 in its row of q")
-    return drafts, q

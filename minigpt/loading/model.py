@@ -13,7 +13,7 @@ import os
 import reprlib
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from ..errors import InputError, NumericalError, check_int, shown
 from ..gpt2.forward import GPT2, forward
 from ..exact.kernels import EXACT, BatchKernels
 from ..cache.kv_cache import KVCache, forward_cached, new_cache
-from ..engine.batched import forward_batch
+from ..exact.batched import forward_batch
 from ..loop.sequence import check_finite
 from ..exact.tracing import first_non_finite
 
@@ -133,6 +133,21 @@ def overflow(gpt: GPT2, error: NumericalError, ids, cache: KVCache | None = None
         ids, cache = error.sequence.seq.ids, None
     return NumericalError(f"{error} after {first_non_finite(gpt, ids, cache)}: the weights are finite but too "
                           "large for float32 arithmetic", error.sequence)
+
+
+def named_overflow(gpt: GPT2, items: Iterator, ids: Callable[[], list[int]]) -> Iterator:
+    """The items of a loop, each computed with overflow warnings off: an overflow is the NumericalError
+    of a finiteness check, raised here naming the layer where it began in a forward over ids() (or,
+    from an engine, over its sequence's)."""
+    while True:
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                item = next(items)
+        except StopIteration:
+            return
+        except NumericalError as e:
+            raise overflow(gpt, e, ids()) from None
+        yield item
 
 
 def check_model(model: object) -> Model:

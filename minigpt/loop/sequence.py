@@ -36,7 +36,7 @@ from .sampling import SamplingOptions, log_softmax, next_token, probabilities, t
 
 @dataclass(frozen=True)
 class Request:
-    """A generation request, checked (minigpt.scripted.api.make_request): the prompt as fed and every option."""
+    """A generation request, checked (minigpt.loading.requests.make_request): the prompt as fed and every option."""
 
     prompt: tuple[int, ...]  # as fed to the model (an empty prompt becomes (<|endoftext|>,))
     max_new_tokens: int

@@ -3,9 +3,7 @@
 
 Modules, in reading order:
     scoring        the log-likelihood of a given text, in windows for long ones
-    structured     structured outputs: a regex, JSON schema, choice or grammar, each step's logits masked to it
-    options        a request's options declared once: keywords, defaults, bounds, help, checks
-    api            generate, stream, generate_batch, Engine, score, prove, inspect: checked, then run
+    api            generate, stream, generate_batch, score, prove, inspect: checked, then run
     completions    OpenAI's completions API: a body checked into requests, results into its JSON
     metrics        /metrics: the engine's state in Prometheus' text format, vLLM's names
     engine_thread  the one thread that drives a shared Engine while requests come and go

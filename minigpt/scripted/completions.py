@@ -1,7 +1,7 @@
 """OpenAI's completions API over minigpt, without the HTTP: a request body checked into minigpt
 Requests, and results shaped into OpenAI's JSON (minigpt.scripted.serve puts it on a socket).
 
-The fields are the declared options' (minigpt.scripted.options.OPTIONS: each option's `field`) and
+The fields are the declared options' (minigpt.loading.options.OPTIONS: each option's `field`) and
 the API's own (n, best_of, echo, stream, ...). Every option is checked by the library's own checks
 (make_request), so the server refuses exactly what `minigpt.generate` refuses, with the library's
 message naming the API's fields (max_tokens where the library says max_new_tokens) and the field in
@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from .api import make_request
-from .options import OPTIONS, from_json
-from .structured import CONSTRAINTS
+from ..loading.options import OPTIONS, from_json
+from ..loading.requests import make_request
+from ..loading.structured import CONSTRAINTS
 from ..errors import ContextLengthError, InputError, MinigptError, check_int
 from ..loading.model import Model
 from ..loop.sampling import MAX_TOP_LOGPROBS

@@ -26,7 +26,7 @@ from minigpt.exact.tuning import threads as blas_threads
 from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.loading.loader import load
 from minigpt.loading.model import Model
-from minigpt.engine.batched import placement
+from minigpt.exact.batched import placement
 from minigpt.engine.paging import PAGE, pages_for
 from minigpt.exact.tuning import MIB, cache_bytes
 

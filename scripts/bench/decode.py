@@ -26,7 +26,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from minigpt.scripted.api import generate, make_request
+from minigpt.scripted.api import generate
+from minigpt.loading.requests import make_request
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
 from minigpt.cache.kv_cache import forward_cached, new_cache

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minigpt.scripted.api import Engine, generate, make_requests
+from minigpt.engine.engine import Engine
+from minigpt.scripted.api import generate
+from minigpt.loading.requests import make_requests
 from minigpt.exact.attention import PAGE
 from minigpt.engine.paging import PagedCache, PagePool, pages_for
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minigpt.scripted.api import Engine
+from minigpt.engine.engine import Engine
 
 from .common import Report, RunInfo, interleaved, log, random_124m, timed
 

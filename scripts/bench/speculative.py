@@ -23,9 +23,10 @@ import numpy as np
 from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.loop.loops import cached_steps
 from minigpt.loading.loader import load
-from minigpt.scripted.api import make_request
+from minigpt.loading.requests import make_request
 from minigpt.loop.sequence import Sequence
-from minigpt.engine.speculative import Drafter, ModelDrafter, NGramDrafter, speculative_steps
+from minigpt.engine.drafters import Drafter, ModelDrafter, NGramDrafter
+from minigpt.engine.speculative import speculative_steps
 
 from .common import (REPEATS, Report, RunInfo, Target, gemv_rate, interleaved, log, median_of, multiply_adds,
                      products, random_124m, run_lengths)

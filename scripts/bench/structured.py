@@ -22,8 +22,10 @@ import time
 import numpy as np
 
 from minigpt.loop.sequence import Sequence
-from minigpt.scripted.api import Engine, generate_batch, make_request, make_requests
-from minigpt.scripted.structured import compile_constraint, ll_tokenizer, one_constraint
+from minigpt.engine.engine import Engine
+from minigpt.scripted.api import generate_batch
+from minigpt.loading.requests import make_request, make_requests
+from minigpt.loading.structured import compile_constraint, ll_tokenizer, one_constraint
 
 from .common import REPEATS, Report, RunInfo, Target, interleaved, log, minigpt_engines
 

@@ -19,7 +19,7 @@ from minigpt.exact.kernels import EXACT, BatchKernels
 from minigpt.engine.paging import pages_for
 from minigpt.loading.model import Model
 from minigpt.gpt2.params import GPT2Params
-from minigpt.scripted.options import OPTIONS
+from minigpt.loading.options import OPTIONS
 from minigpt.loading.weights import expected_shapes, params_from_tensors, random_params
 
 SCALES = (0.0, 1.0, 30.0, 1000.0)  # 0.0 stands for the all-zero model

@@ -8,7 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import batches, per_prompt
 
-from minigpt.scripted.api import Engine, generate_batch, make_requests
+from minigpt.engine.engine import Engine
+from minigpt.scripted.api import generate_batch
+from minigpt.loading.requests import make_requests
 from minigpt.scripted.api import generate
 
 

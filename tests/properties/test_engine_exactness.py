@@ -10,7 +10,7 @@ from bits import assert_same_bits
 from strategies import models, token_ids
 
 from minigpt.gpt2.forward import forward
-from minigpt.engine.batched import forward_batch
+from minigpt.exact.batched import forward_batch
 from minigpt.engine.paging import PAGE, PagePool, pages_for
 
 

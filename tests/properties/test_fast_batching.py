@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from strategies import batches, per_prompt
 
 from minigpt.scripted.api import generate, generate_batch
-from minigpt.scripted.options import OPTIONS, integer
+from minigpt.loading.options import OPTIONS, integer
 from minigpt.exact.kernels import EXACT, FAST
 
 # Relative to the largest |logit| of the row (exact kernels), by weight scale. Targeted Hypothesis

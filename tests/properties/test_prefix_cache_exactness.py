@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import controls, models, per_prompt, sampling, token_ids
 
-from minigpt.scripted.api import Engine, score
+from minigpt.engine.engine import Engine
+from minigpt.scripted.api import score
 from minigpt.engine.paging import PAGE, pages_for
 
 

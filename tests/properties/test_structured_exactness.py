@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from strategies import SCALES, controls, sampling, zero_params
 
 from minigpt.engine.paging import PAGE, pages_for
-from minigpt.engine.speculative import ModelDrafter, NGramDrafter, speculative_steps
+from minigpt.engine.drafters import ModelDrafter, NGramDrafter
+from minigpt.engine.speculative import speculative_steps
 from minigpt.exact.kernels import EXACT
 from minigpt.gpt2.config import GPT2Config
 from minigpt.loading.model import Model
@@ -27,7 +28,8 @@ from minigpt.loading.tokenizer import GPT2_VOCAB_SIZE, gpt2_tokenizer
 from minigpt.loading.weights import random_params
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
-from minigpt.scripted.api import Engine, make_request
+from minigpt.engine.engine import Engine
+from minigpt.loading.requests import make_request
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 
