@@ -41,7 +41,7 @@ def test_a_kept_choice_is_used_for_this_machine_only_and_off_ignores_it(cache_ho
     choice = Tuning(1000, 2000, 3000, 3, 4)
     path = tuning.keep(choice)
     assert path == cache_home / "minigpt" / "tuning.json"
-    assert json.loads(path.read_text())[tuning.key()] == {"row_block": 1000, "rows_block": 2000,
+    assert json.loads(path.read_text())[tuning.key()] == {"one_row_block": 1000, "multi_row_block": 2000,
                                                           "shared_block": 3000, "shared_rows": 3, "gemm_rows": 4}
     assert tuning.current() == choice
     monkeypatch.setenv("MINIGPT_TUNING", "off")
@@ -51,15 +51,15 @@ def test_a_kept_choice_is_used_for_this_machine_only_and_off_ignores_it(cache_ho
 
 def hostile_kept_files(path, key):
     """What can stand at the kept tuning's path instead of a file of kept choices."""
-    fields = {"row_block": 1000, "rows_block": 2000, "shared_block": 3000, "shared_rows": 3, "gemm_rows": 4}
+    fields = {"one_row_block": 1000, "multi_row_block": 2000, "shared_block": 3000, "shared_rows": 3, "gemm_rows": 4}
     yield "not json", lambda: path.write_text("{not json")
     yield "a list", lambda: path.write_text("[]")
     yield "deep nesting", lambda: path.write_text("[" * 100_000 + "]" * 100_000)
     yield "a duplicate key", lambda: path.write_text('{"%s": %s, "%s": %s}' % (key, json.dumps(fields), key, json.dumps(fields)))
     for name, value in (("a string", "big"), ("NaN", float("nan")), ("a bool", True), ("zero", 0), ("a float", 2.5)):
         yield f"{name} for a block size", lambda value=value: path.write_text(
-            json.dumps({key: {**fields, "row_block": value}}))
-    yield "a missing field", lambda: path.write_text(json.dumps({key: {"row_block": 5}}))
+            json.dumps({key: {**fields, "one_row_block": value}}))
+    yield "a missing field", lambda: path.write_text(json.dumps({key: {"one_row_block": 5}}))
     yield "a FIFO", lambda: os.mkfifo(path)
     yield "a link to /dev/zero", lambda: path.symlink_to("/dev/zero")
     yield "a directory", lambda: path.mkdir()
@@ -126,7 +126,7 @@ def test_concurrent_keeps_and_reads_see_whole_files_and_lose_no_entry(cache_home
 
 def test_measure_returns_a_choice_and_the_seconds_of_every_candidate():
     choice, report = tuner.measure(n_embd=16, vocab_size=300)
-    assert isinstance(choice, Tuning) and choice.rows_block > 0 and choice.shared_rows >= 2 and choice.gemm_rows >= 2
+    assert isinstance(choice, Tuning) and choice.multi_row_block > 0 and choice.shared_rows >= 2 and choice.gemm_rows >= 2
     assert all(seconds and all(s > 0 for s in seconds.values()) for seconds in report.values())
 
 
@@ -134,5 +134,5 @@ def test_the_tune_command_keeps_what_it_measured(cache_home, monkeypatch, capsys
     monkeypatch.setattr("minigpt.cli.tune.measure", lambda n_embd, vocab_size: (Tuning(64, 128, 32, 4, 8), {"x": {"a": 1.0}}))
     assert main(["tune", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["choice"] == {"row_block": 64, "rows_block": 128, "shared_block": 32, "shared_rows": 4, "gemm_rows": 8}
+    assert out["choice"] == {"one_row_block": 64, "multi_row_block": 128, "shared_block": 32, "shared_rows": 4, "gemm_rows": 8}
     assert tuning.current() == Tuning(64, 128, 32, 4, 8)

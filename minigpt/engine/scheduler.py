@@ -66,7 +66,7 @@ class Job:
     error: InputError | None = None  # why its request could not go on (it was cancelled then)
 
     @property
-    def scoring(self) -> bool:
+    def needs_prompt_scores(self) -> bool:
         """It still needs its prompt's scores."""
         return self.prompt_logprobs and self.status in (Status.QUEUED, Status.PREFILL)
 
@@ -77,7 +77,7 @@ class Job:
 
     @property
     def finished(self) -> bool:
-        return self.status is Status.CANCELLED or self.seq.done and not self.scoring
+        return self.status is Status.CANCELLED or self.seq.done and not self.needs_prompt_scores
 
     def result(self) -> GenerationResult:
         logprobs = [None if s is None else s[0] for s in self.scores] if self.prompt_logprobs else None
@@ -160,12 +160,12 @@ class Scheduler:
         clock = time.perf_counter()
         jobs = list(self.running)
         logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs],
-                               [job.cache for job in jobs], [0 if job.scoring else 1 for job in jobs])
+                               [job.cache for job in jobs], [0 if job.needs_prompt_scores else 1 for job in jobs])
         for job, rows in zip(jobs, logits):  # rows [T or 1, vocab]: each checked before any is used
             check_finite(rows, job)
         produced = 0
         for job, rows in zip(jobs, logits):
-            if job.scoring:
+            if job.needs_prompt_scores:
                 self._score_prompt(job, rows)
             if not job.seq.done:
                 try:
@@ -247,7 +247,7 @@ class Scheduler:
         for i, h in enumerate(hashes):
             page = self.pool.lookup(h, page_tokens(ids, i))
             scores = None if page is None else self.pool.keys[page].scores
-            if page is None or job.scoring and (scores is None or scores.top_n < job.seq.request.top_logprobs):
+            if page is None or job.needs_prompt_scores and (scores is None or scores.top_n < job.seq.request.top_logprobs):
                 break
             self.pool.share(job.cache, page)
             job.hashes.append(h)
@@ -278,7 +278,7 @@ class Scheduler:
             tokens = page_tokens(ids, i)
             job.hashes.append(h)
             scores = None
-            if job.scoring and i * PAGE >= start and (i + 1) * PAGE <= len(job.seq.request.prompt):
+            if job.needs_prompt_scores and i * PAGE >= start and (i + 1) * PAGE <= len(job.seq.request.prompt):
                 mine = job.scores[i * PAGE + 1:(i + 1) * PAGE]
                 n = job.seq.request.top_logprobs
                 scores = PageScores(tuple(s[0] for s in mine), tuple(s[1] for s in mine) if n else None, n,

@@ -66,7 +66,7 @@ def exact_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> 
     if T >= cut.shared_rows:  # [T, head], in blocks shared between minigpt's threads
         _shared(weight[:head], x, y[:, :head], cut.shared_block)
     else:  # in blocks that OpenBLAS splits between its threads, each thread's share read once
-        _gemv_blocks(weight[:head], x, y[:, :head], cut.row_block if T == 1 else cut.rows_block)
+        _gemv_blocks(weight[:head], x, y[:, :head], cut.one_row_block if T == 1 else cut.multi_row_block)
     if head < n_out:  # the last n_out % a outputs, from a zero-padded a-row copy of their weights
         tail = np.zeros((a, n_in), np.float32)
         tail[:n_out - head] = weight[head:]

@@ -76,7 +76,7 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
         return NEVER
 
     report: dict[str, dict] = {}
-    decide("blocks of the LM head for 1 row", "row_block", {f"{m} MiB": m * MIB // 4 for m in (2, 4, 8, 16, 32)},
+    decide("blocks of the LM head for 1 row", "one_row_block", {f"{m} MiB": m * MIB // 4 for m in (2, 4, 8, 16, 32)},
            products(head, 1))
     choice = replace(choice, shared_rows=NEVER)
     few, many = products(step, 2), products(step, 16)
@@ -90,8 +90,8 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
     # shares of L2 per thread; with several threads, no less than a block OpenBLAS splits between them
     split = OPENBLAS_SPLIT if threads() > 1 else 0
     sizes = sorted({max(int(l2 * share) * threads(), split) for share in (0.3, 0.6, 0.9, 1, 1.25, 1.5, 2, 3)})
-    rows_blocks = {f"{size * 4 / MIB:.2f} MiB": size for size in sizes}
-    decide("blocks for 2 rows (x 4) and 16 rows, split by OpenBLAS", "rows_block", rows_blocks, pair_and_batch)
+    multi_row_blocks = {f"{size * 4 / MIB:.2f} MiB": size for size in sizes}
+    decide("blocks for 2 rows (x 4) and 16 rows, split by OpenBLAS", "multi_row_block", multi_row_blocks, pair_and_batch)
     if threads() > 1:
         choice = replace(choice, shared_rows=1)
         decide("blocks for 16 rows, shared by minigpt's threads", "shared_block",
@@ -101,7 +101,7 @@ def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[st
                                                     ("blocks split by OpenBLAS", "shared blocks"), exact_linear,
                                                     rounds=3, settle=SETTLE))
         if choice.shared_rows <= 16:  # the batch takes shared blocks: OpenBLAS's split serves fewer rows alone
-            decide("blocks for 2 rows, split by OpenBLAS", "rows_block", rows_blocks, few)
+            decide("blocks for 2 rows, split by OpenBLAS", "multi_row_block", multi_row_blocks, few)
     choice = replace(choice, gemm_rows=switch("fast kernels", "gemm_rows", ("gemv per row", "one gemm"),
                                               fast_linear, rounds=3, settle=SETTLE))
     return choice, report

@@ -45,10 +45,10 @@ OPENBLAS_SPLIT = 460_800  # OpenBLAS splits a gemv between its threads from m x 
 class Tuning:
     """How the kernels cut the weights; none of it changes a bit of the exact kernels' results."""
 
-    row_block: int  # weights per gemv call for one row (a share of L3): OpenBLAS splits each call
-    rows_block: int  # weights per gemv call for several rows, every row passing over a block in turn
+    one_row_block: int  # weights per gemv call for one row (a share of L3): OpenBLAS splits each call
+    multi_row_block: int  # weights per gemv call for several rows, every row passing over a block in turn
     shared_block: int  # weights per gemv call when minigpt's own threads share the blocks (a share of L2)
-    shared_rows: int  # from this many rows on, shared blocks rather than rows_block ones (NEVER: never)
+    shared_rows: int  # from this many rows on, shared blocks rather than multi_row_block ones (NEVER: never)
     gemm_rows: int  # the fast kernels: from this many rows on, one gemm per matrix rather than gemvs
 
 
@@ -119,9 +119,9 @@ def machine_default() -> Tuning:
     to split, shared between minigpt's threads in blocks of 40% of L2; gemm from 16 rows (1 MiB and
     32 MiB when the kernel reports no caches)."""
     l2, l3 = cache_bytes(2) or MIB, cache_bytes(3) or 32 * MIB
-    rows_block = int(0.6 * l2) * threads() // 4
-    return Tuning(min(l3 // 2, 32 * MIB) // 4, rows_block, int(0.4 * l2) // 4,
-                  NEVER if rows_block >= OPENBLAS_SPLIT or threads() == 1 else 2, 16)
+    multi_row_block = int(0.6 * l2) * threads() // 4
+    return Tuning(min(l3 // 2, 32 * MIB) // 4, multi_row_block, int(0.4 * l2) // 4,
+                  NEVER if multi_row_block >= OPENBLAS_SPLIT or threads() == 1 else 2, 16)
 
 
 def key() -> str:

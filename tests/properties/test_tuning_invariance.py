@@ -14,7 +14,7 @@ from minigpt.exact.linear import exact_linear
 from minigpt.exact.tuning import tuned
 from minigpt.exact.tuning import Tuning
 
-tunings = st.builds(Tuning, row_block=st.integers(1, 2**23), rows_block=st.integers(1, 2**22),
+tunings = st.builds(Tuning, one_row_block=st.integers(1, 2**23), multi_row_block=st.integers(1, 2**22),
                     shared_block=st.integers(1, 2**21), shared_rows=st.integers(1, 20), gemm_rows=st.integers(1, 20))
 
 
