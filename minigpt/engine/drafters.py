@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import ContextLengthError, DrafterError, InputError, check_int, shown
 from ..gpt2.forward import GPT2
 from ..cache.kv_cache import forward_cached, new_cache
-from ..loop.sampling import SamplingOptions, probabilities
+from ..loop.sampling import SamplingOptions, draw, probabilities
 from ..loading.checks import check_ids
 
 MAX_NGRAM = 3  # prompt lookup tries the last 3, then 2, then 1 tokens
@@ -78,7 +78,7 @@ class ModelDrafter:
                 tokens.append(int(np.argmax(logits)))
             else:
                 probs = probabilities(logits, options)
-                tokens.append(int(rng.choice(probs.size, p=probs / probs.sum())))
+                tokens.append(draw(probs / probs.sum(), rng))
                 q.append(probs)
         return tokens, (np.stack(q) if q else None)
 

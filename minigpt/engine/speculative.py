@@ -38,6 +38,7 @@ import numpy as np
 
 from ..gpt2.forward import GPT2
 from ..cache.kv_cache import forward_cached, new_cache
+from ..loop.sampling import draw
 from ..loop.sequence import Sequence, check_finite
 from .drafters import Drafter
 
@@ -59,7 +60,7 @@ def judge(p: np.ndarray, q: np.ndarray | None, draft: int, rng: np.random.Genera
     if rng.random() * q[draft] < p[draft]:  # probability min(1, p/q) without dividing
         return draft, True
     r = residual(p, q)
-    return int(rng.choice(r.size, p=r)), False
+    return draw(r, rng), False
 
 
 def verify(seq: Sequence, logits: np.ndarray, drafts: list[int], q: np.ndarray | None, seconds: float) -> int:

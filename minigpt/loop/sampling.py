@@ -45,12 +45,17 @@ def probabilities(logits: np.ndarray, options: SamplingOptions) -> np.ndarray:
     return np.exp(filtered_log_probs(logits, options))
 
 
+def draw(p: np.ndarray, rng: np.random.Generator) -> int:
+    """A token id drawn from probabilities p [vocab] that sum to 1."""
+    return int(rng.choice(p.size, p=p))
+
+
 def next_token(logits: np.ndarray, options: SamplingOptions, rng: np.random.Generator) -> int:
     """One token id from one row of logits [vocab]."""
     if options.temperature == 0:
         return int(np.argmax(logits))
     probs = probabilities(logits, options)
-    return int(rng.choice(probs.size, p=probs / probs.sum()))
+    return draw(probs / probs.sum(), rng)
 
 
 def log_normalizer(logits: np.ndarray) -> float:
