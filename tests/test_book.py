@@ -139,3 +139,13 @@ def test_part_1_is_gpt2_plainly_no_validation_no_engine_vocabulary_at_most_300_c
         assert not [n for n in names if PART_1_WORDS.search(n)], f"{path.name}: {sorted(names)}"
     total = sum(code_lines(path) for path in files)
     assert len(files) >= 4 and total <= 300, total
+
+
+def test_part_2_is_a_diff_of_part_1_no_raise_no_engine_vocabulary():
+    """The KV cache adds to part 1 only what a cache adds (rasbt's chapter): no check, and no page,
+    slot or segment anywhere in its text, docstrings and comments included."""
+    for name in modules_of("cache"):
+        path = PACKAGE / "cache" / f"{name}.py"
+        source = path.read_text()
+        assert not [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Raise)], f"{path.name} raises"
+        assert not PART_1_WORDS.findall(source), f"{path.name}: {PART_1_WORDS.findall(source)}"

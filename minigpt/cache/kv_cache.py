@@ -58,8 +58,8 @@ class KVCache:
         return type(self)(self.k.copy(), self.v.copy(), self.length)
 
     def runs(self, n: int) -> list[tuple[int, int]]:
-        """Where positions 0 .. n-1 lie in the store, as ranges of its rows: one (a batched forward
-        asks every cache, minigpt.exact.batched; a pool's answers in pages)."""
+        """Where positions 0 .. n-1 lie in the store, as ranges of its rows: here one (the batched
+        forward, minigpt.exact.batched, asks this of every kind of cache)."""
         return [(0, n)]
 
 
