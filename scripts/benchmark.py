@@ -16,7 +16,9 @@ Sections (default: all, in this order), one module each in scripts/bench/:
 - serve: the completions server at 1, 4, 16 and 32 concurrent clients, exact and fast kernels, against
   the same requests one at a time (docs/serving.md);
 - structured: what a request's logits processing costs a decode step, at B = 1 and 16, exact and fast
-  kernels, against plain decoding (docs/logits-processing.md).
+  kernels, against plain decoding (docs/logits-processing.md);
+- scale: cost as the work grows: load time and peak memory per GPT-2 size, decode and prefill
+  against the context, each beside transformers (docs/staircase.md).
 
 Everything a section compares is measured in the same run, side by side, and reported as ratios
 (timings on a shared machine are noisy; ratios measured together are not much). Measurements are
@@ -35,13 +37,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
-from bench import batching, decode, paging, prefix, serve, speculative, structured  # noqa: E402
+from bench import batching, decode, paging, prefix, scale, serve, speculative, structured  # noqa: E402
 from bench.common import log, timed, write_block  # noqa: E402
 from minigpt.errors import MinigptError  # noqa: E402
 from minigpt.cli.pictures import require_matplotlib  # noqa: E402
 
 SECTIONS = {"decode": decode, "batching": batching, "paging": paging, "prefix": prefix, "speculative": speculative,
-            "serve": serve, "structured": structured}
+            "serve": serve, "structured": structured, "scale": scale}
 
 
 def main(argv: list[str] | None = None) -> int:
