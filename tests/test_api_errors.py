@@ -819,7 +819,7 @@ def test_a_cache_from_another_model_is_refused_naming_what_does_not_fit(no_work,
     ({"k": None}, "must be a KVCache"),
     (minigpt.KVCache(np.zeros((1, 16, 2, 4)), np.zeros((1, 16, 2, 4))), "float32 array"),
     (PagedCache(PagePool(model_of().config, 1), [1]), "page table"),
-    (minigpt.KVCache(np.zeros((1, 16, 2, 4), np.float32), np.zeros((1, 16, 2, 4), np.float32), 17), "length 17"),
+    (minigpt.KVCache(np.zeros((1, 2, 16, 4), np.float32), np.zeros((1, 2, 16, 4), np.float32), 17), "length 17"),
 ], ids=["not-a-cache", "float64-store", "page-outside-store", "length-past-capacity"])
 def test_a_cache_that_is_not_one_is_refused(no_work, cache, fault):
     with pytest.raises(InputError, match=fault):

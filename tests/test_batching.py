@@ -155,8 +155,8 @@ def test_a_page_is_zeroed_when_taken_so_a_last_page_read_whole_reads_no_old_keys
 @pytest.mark.parametrize("paged", [False, True], ids=["cache", "paged-cache"])
 def test_a_length_set_back_by_hand_continues_bitwise_as_a_truncated_cache(model, paged):
     """Old values past a cache's length (NaN, -0.0, 1e30), left by a length set back by hand: the
-    next forward clears the slots its exact attention reads past the new length, so it gives the
-    bits of a cache truncated to that length."""
+    next forward gives the bits of a cache truncated to that length (a KVCache's attention reads
+    no slot past its length; a pool's cache zeroes what a length set back forgets)."""
     def cache_of(ids):
         if not paged:
             cache = model.new_cache(64)
@@ -171,7 +171,7 @@ def test_a_length_set_back_by_hand_continues_bitwise_as_a_truncated_cache(model,
     for old in (np.nan, -0.0, 1e30):
         cache = cache_of(list(range(100, 140)))
         store, slots = (cache, slice(30, 64)) if not paged else (cache.pool, cache.slots(30, 64))
-        store.k[:, slots], store.v[:, slots] = old, old  # positions 18 .. 29 keep their values
+        store.k[:, :, slots], store.v[:, :, slots] = old, old  # positions 18 .. 29 keep their values
         cache.length = 18
         got = model.forward([7, 8], cache)
         np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
@@ -201,5 +201,5 @@ def test_a_paged_cache_set_back_holds_zeros_after_its_length(model):
     model.forward(list(range(100, 140)), cache)
     cache.length = 18
     forgotten = cache.slots(18, 48)
-    assert not pool.k[:, forgotten].any() and not pool.v[:, forgotten].any()
-    assert pool.k[:, cache.slots(0, 18)].all()
+    assert not pool.k[:, :, forgotten].any() and not pool.v[:, :, forgotten].any()
+    assert pool.k[:, :, cache.slots(0, 18)].all()

@@ -185,13 +185,13 @@ def test_attention_over_a_cache_s_keys_in_place_is_bitwise_over_them_copied_what
     """A KVCache hands attention views of its store cut at the length, whatever its slots past the
     length hold (NaN here): the exact kernels read whole pages in place and copy a page the length
     ends inside into a page of zeros, so the bits are those of the keys copied out. The fast kernels
-    hand strided keys to BLAS, which promises no bits across layouts (OpenBLAS's SkylakeX kernels
-    differ): the same values within rounding."""
+    hand BLAS heads that lie apart, and BLAS promises no bits across layouts: the same values
+    within rounding."""
     H, hd = 2, 8
     q = rng.standard_normal((H, 1, hd), dtype=np.float32)
     for capacity, S in ((64, 21), (64, 32), (23, 21), (21, 21)):
-        k = rng.standard_normal((capacity, H, hd), dtype=np.float32).transpose(1, 0, 2)  # as a cache stores it
-        v = rng.standard_normal((capacity, H, hd), dtype=np.float32).transpose(1, 0, 2)
+        k = rng.standard_normal((H, capacity, hd), dtype=np.float32)  # as a cache stores it
+        v = rng.standard_normal((H, capacity, hd), dtype=np.float32)
         k[:, S:], v[:, S:] = np.nan, np.nan
         alone = kernels.attend(q, k[:, :S].copy(), v[:, :S].copy())
         in_place = kernels.attend(q, k[:, :S], v[:, :S])
@@ -203,20 +203,20 @@ def test_attention_over_a_cache_s_keys_in_place_is_bitwise_over_them_copied_what
 
 @pytest.mark.parametrize("head_dim", [1, 2, 3, 64])
 def test_exact_attention_is_bitwise_the_same_whatever_the_layout_of_its_keys(head_dim, rng):
-    """Keys and values inside a forward's qkv matrix, contiguous head by head, or as a cache stores
-    them (a row of H x hd numbers per position, zeros after the length): the exact kernel gives the
-    same bits from each, also for heads of fewer than four numbers, whose sums in OpenBLAS depend on
-    the distance between rows."""
+    """Keys and values inside a forward's qkv matrix (rows 3C apart), contiguous, or as a cache
+    stores them (each head's rows one after another, the heads a capacity apart, zeros after the
+    length): the exact kernel gives the same bits from each, also for heads of fewer than four
+    numbers, whose sums in OpenBLAS depend on the distance between rows."""
     H, S, T = 3, 37, 5
     C = H * head_dim
     qkv = rng.standard_normal((S, 3 * C), dtype=np.float32)
     q, k, v = (split_heads(qkv[:, i * C:(i + 1) * C], H) for i in range(3))  # [H, S, hd], rows 3C apart
-    stored = np.zeros((2, 48, H, head_dim), np.float32)  # [k|v, capacity, H, hd]
-    stored[0, :S], stored[1, :S] = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+    stored = np.zeros((2, H, 48, head_dim), np.float32)  # [k|v, H, capacity, hd]
+    stored[0, :, :S], stored[1, :, :S] = k, v
     layouts = {"qkv": (k, v), "head by head": (k.copy(), v.copy()),
-               "stored": (stored[0, :S].transpose(1, 0, 2), stored[1, :S].transpose(1, 0, 2))}
+               "stored": (stored[0, :, :S], stored[1, :, :S])}
     got = {name: EXACT.attend(q[:, -T:], k_, v_) for name, (k_, v_) in layouts.items()}
-    whole = [(stored[0].transpose(1, 0, 2), stored[1].transpose(1, 0, 2))]  # a pool's pages, read whole
+    whole = [(stored[0], stored[1])]  # a pool's pages, read whole
     got["stored, whole pages"] = EXACT.attend_batch(q[:, -T:], [BatchPart(slice(0, T), S, whole)])
     for name, out in got.items():
         np.testing.assert_array_equal(out.view(np.uint32), got["stored"].view(np.uint32), err_msg=name)

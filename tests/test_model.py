@@ -46,7 +46,7 @@ def test_new_cache_is_preallocated_for_the_whole_context(model):
     cache = model.new_cache()
     assert cache.length == 0
     assert cache.capacity == CONFIG.n_positions
-    assert cache.k.shape == (CONFIG.n_layer, cache.capacity, CONFIG.n_head, CONFIG.head_dim)
+    assert cache.k.shape == (CONFIG.n_layer, CONFIG.n_head, cache.capacity, CONFIG.head_dim)
     assert cache.k.dtype == cache.v.dtype == np.float32
 
 
@@ -85,8 +85,8 @@ def test_the_cache_holds_the_keys_the_naive_pass_computes(model):
     model.forward(x, cache=cache)
     naive = model.new_cache(len(x))
     model.forward(x, cache=naive)
-    np.testing.assert_array_equal(cache.k[:, :13], naive.k[:, :13])
-    np.testing.assert_array_equal(cache.v[:, :13], naive.v[:, :13])
+    np.testing.assert_array_equal(cache.k[:, :, :13], naive.k[:, :, :13])
+    np.testing.assert_array_equal(cache.v[:, :, :13], naive.v[:, :, :13])
 
 
 def test_a_traced_forward_records_every_hidden_state_and_attention_map_and_computes_the_forwards_logits(model):

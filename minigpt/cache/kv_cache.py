@@ -26,13 +26,13 @@ from ..gpt2.layers import Kernels, block
 class KVCache:
     """Mutable on purpose: forward_cached appends to it."""
 
-    k: np.ndarray  # [n_layer, capacity, H, hd]: a row of keys per position 0 .. capacity-1
-    v: np.ndarray  # [n_layer, capacity, H, hd]
+    k: np.ndarray  # [n_layer, H, capacity, hd]: each head's keys of positions 0 .. capacity-1 in one stretch
+    v: np.ndarray  # [n_layer, H, capacity, hd]
     length: int = 0  # positions 0 .. length-1 hold keys and values
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[2]
 
     @property
     def nbytes(self) -> int:
@@ -40,13 +40,12 @@ class KVCache:
 
     def attend(self, layer: int, start: int, kernels: Kernels) -> Callable:
         """The attend of `layer` for new positions from `start` on: store their keys and values,
-        then attend to every key so far. A position's keys are one row of the store, [H, hd]."""
+        then attend to every key so far, each head's read in one stretch of memory."""
         def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
             end = start + q.shape[1]
-            self.k[layer, start:end] = k.transpose(1, 0, 2)  # [T, H, hd]: a row per new position
-            self.v[layer, start:end] = v.transpose(1, 0, 2)
-            seen = self.k[layer, :end].transpose(1, 0, 2), self.v[layer, :end].transpose(1, 0, 2)  # [H, end, hd] views
-            return kernels.attend(q, *seen)
+            self.k[layer, :, start:end] = k
+            self.v[layer, :, start:end] = v
+            return kernels.attend(q, self.k[layer, :, :end], self.v[layer, :, :end])  # [H, end, hd] views
         return attend
 
     def truncate(self, length: int) -> None:
@@ -58,14 +57,14 @@ class KVCache:
         return type(self)(self.k.copy(), self.v.copy(), self.length)
 
     def runs(self, n: int) -> list[tuple[int, int]]:
-        """Where positions 0 .. n-1 lie in the store, as ranges of its rows: here one (the batched
-        forward, minigpt.exact.batched, asks this of every kind of cache)."""
+        """Where positions 0 .. n-1 lie in the store, as ranges along its positions' axis: here one
+        (the batched forward, minigpt.exact.batched, asks this of every kind of cache)."""
         return [(0, n)]
 
 
 def new_cache(config: GPT2Config, capacity: int) -> KVCache:
     """An empty cache for `capacity` positions (np.zeros maps memory lazily: untouched positions cost no RAM)."""
-    shape = (config.n_layer, capacity, config.n_head, config.head_dim)
+    shape = (config.n_layer, config.n_head, capacity, config.head_dim)
     return KVCache(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
 
 

@@ -92,8 +92,8 @@ class PagePool:
     first: what is evicted when the pool needs room), or free."""
 
     def __init__(self, config: GPT2Config, n_pages: int):
-        shape = (config.n_layer, n_pages * PAGE, config.n_head, config.head_dim)
-        self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)  # [n_layer, n_pages * PAGE, H, hd]: a row per slot
+        shape = (config.n_layer, config.n_head, n_pages * PAGE, config.head_dim)
+        self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)  # [n_layer, H, n_pages * PAGE, hd]: a slot per position
         self.refs = np.zeros(n_pages, np.int64)
         self.free = np.ones(n_pages, bool)
         self.cached: OrderedDict[int, None] = OrderedDict()
@@ -194,8 +194,8 @@ class PagePool:
             page = wanted
             self.free[page] = False
         self.refs[page] = 1
-        self.k[:, page * PAGE:(page + 1) * PAGE] = 0
-        self.v[:, page * PAGE:(page + 1) * PAGE] = 0
+        self.k[:, :, page * PAGE:(page + 1) * PAGE] = 0
+        self.v[:, :, page * PAGE:(page + 1) * PAGE] = 0
         return page
 
 
@@ -232,7 +232,7 @@ class PagedCache:
     def length(self, n: int) -> None:
         if n < self._length:
             slots = self.slots(n, self._length)
-            self.pool.k[:, slots], self.pool.v[:, slots] = 0, 0
+            self.pool.k[:, :, slots], self.pool.v[:, :, slots] = 0, 0
         self._length = n
 
     @property

@@ -4,8 +4,8 @@ with it and wherever its keys lie in memory (docs/exactness.md, point 4).
 Query position t sees keys 0 .. L(t)-1, L(t) rounded up to a whole page of PAGE keys (keys after t
 get weight +0.0); each key is scored by one dot product, each page's 16 terms are summed in a fixed
 order and the pages by a fixed tree, and the softmax's sum divides once, at the end. Keys come in
-one run or in runs of whole pages, read in place when laid out a row per position, as the caches
-store them (else copied into that layout). A run that ends at its page's end is read whole, its
+one run or in runs of whole pages, read in place when each head's rows follow each other, as the
+caches store them (else copied into that layout). A run that ends at its page's end is read whole, its
 slots past the length zeros (the page pool keeps them so: minigpt.engine.paging); keys that end
 inside a page have that page copied into a page of zeros. A row's bits then depend on its position
 and its data alone.
@@ -54,10 +54,10 @@ class _Unit(NamedTuple):
 
 
 def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """A sequence's S keys and values as runs of whole pages, laid out as the caches store them: a
-    row of H x hd numbers per position, read head by head ([H, n, hd] views). A gemv is then always
-    over whole pages (its bits for one key depend on how many it computes modulo four) and over
-    rows at the same stride (with a head of fewer than four numbers, OpenBLAS's sums depend on it too).
+    """A sequence's S keys and values as runs of whole pages, laid out as the caches store them:
+    [H, n, hd], each head's rows one after another. A gemv is then always over whole pages (its bits
+    for one key depend on how many it computes modulo four) and over rows at the same stride (with a
+    head of fewer than four numbers, OpenBLAS's sums depend on it too).
     Keys laid out otherwise (the forward's, inside its qkv) are copied into that layout. Runs that
     end at a page's end are taken as they are, their slots past S zeros (the page pool keeps them
     so); keys that end inside a page have that page, cut at S, copied into a page of zeros. Either
@@ -74,21 +74,20 @@ def _whole_pages(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarra
     if whole:
         runs.append((k[:, :whole], v[:, :whole]))
     if S % PAGE:
-        pad = np.zeros((2, PAGE, k.shape[0], k.shape[2]), np.float32)  # [k|v, PAGE, H, hd]
-        pad[0, :S % PAGE], pad[1, :S % PAGE] = k[:, whole:n].transpose(1, 0, 2), v[:, whole:n].transpose(1, 0, 2)
-        runs.append((pad[0].transpose(1, 0, 2), pad[1].transpose(1, 0, 2)))
+        pad = np.zeros((2, k.shape[0], PAGE, k.shape[2]), np.float32)  # [k|v, H, PAGE, hd]
+        pad[0, :, :S % PAGE], pad[1, :, :S % PAGE] = k[:, whole:n], v[:, whole:n]
+        runs.append((pad[0], pad[1]))
     return runs
 
 
 def _laid_out(a: np.ndarray) -> bool:
-    """Whether a [H, n, hd] is a view of a row per position [n, H, hd], as the caches store keys."""
-    H, _, hd = a.shape
-    return a.strides == (hd * a.itemsize, H * hd * a.itemsize, a.itemsize)
+    """Whether a [H, n, hd] holds each head's rows one after another, as the caches store keys."""
+    return a.strides[1:] == (a.shape[2] * a.itemsize, a.itemsize)
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
-    """a [H, n, hd] as a view of a row per position [n, H, hd]: itself if it is one, else a copy."""
-    return a if _laid_out(a) else np.ascontiguousarray(a.transpose(1, 0, 2)).transpose(1, 0, 2)
+    """a [H, n, hd] with each head's rows one after another: itself if it is so, else a copy."""
+    return a if _laid_out(a) else np.ascontiguousarray(a)
 
 
 def _cut(runs: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[tuple[np.ndarray, np.ndarray]]:

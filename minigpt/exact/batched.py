@@ -23,25 +23,25 @@ from ..gpt2.layers import block
 @dataclass(frozen=True, eq=False)
 class Placement:
     """Where one sequence's keys and values lie for one forward, the same in every layer: the store,
-    the rows its new positions go to, and the row ranges of every position so far."""
+    the slots its new positions go to, and the slot ranges of every position so far."""
 
-    k: np.ndarray  # [n_layer, rows, H, hd]
+    k: np.ndarray  # [n_layer, H, slots, hd]
     v: np.ndarray
-    new: np.ndarray | slice  # the new positions' rows
+    new: np.ndarray | slice  # the new positions' slots
     length: int  # positions so far, the new ones included
-    runs: list[tuple[int, int]]  # the rows of positions 0 .. length-1, in order (a pool's: whole pages)
+    runs: list[tuple[int, int]]  # the slots of positions 0 .. length-1, in order (a pool's: whole pages)
 
     def segments(self, layer: int) -> Segments:
         """The keys and values of every position so far, head by head: views [H, n, hd] of the store."""
-        return [(self.k[layer, a:b].transpose(1, 0, 2), self.v[layer, a:b].transpose(1, 0, 2)) for a, b in self.runs]
+        return [(self.k[layer, :, a:b], self.v[layer, :, a:b]) for a, b in self.runs]
 
 
-Write = tuple[np.ndarray, np.ndarray, np.ndarray | slice, np.ndarray | slice]  # k and v stores, their rows, q's rows
+Write = tuple[np.ndarray, np.ndarray, np.ndarray | slice, np.ndarray | slice]  # k and v stores, slots, q's rows
 
 
 def writes(placements: list[Placement], rows: list[slice]) -> list[Write]:
     """Where a forward's new keys and values go, one write per store (a pool's, for all its sequences
-    at once): (its k and v stores [n_layer, rows, H, hd], the rows written, the forward's rows
+    at once): (its k and v stores [n_layer, H, slots, hd], the slots written, the forward's rows
     that fill them)."""
     by_store: dict[int, list[tuple[Placement, slice]]] = {}
     for place, r in zip(placements, rows):
@@ -61,20 +61,20 @@ def writes(placements: list[Placement], rows: list[slice]) -> list[Write]:
 class Cache(Protocol):
     """What the batched forward asks of a cache; kv_cache.KVCache and paging.PagedCache both answer."""
 
-    k: np.ndarray  # [n_layer, rows, H, hd]: the store its keys lie in
+    k: np.ndarray  # [n_layer, H, slots, hd]: the store its keys lie in
     v: np.ndarray
     length: int
 
     def runs(self, n: int) -> list[tuple[int, int]]:
-        """Where positions 0 .. n-1 lie in the store, as ranges of its rows, in order."""
+        """Where positions 0 .. n-1 lie in the store, as ranges of its slots (its third axis), in order."""
 
 
 def placement(cache: Cache, n: int) -> Placement:
     """The Placement of n new positions after a cache's."""
     start, end = cache.length, cache.length + n
     runs = cache.runs(end)
-    rows = np.concatenate([np.arange(a, b) for a, b in runs])[start:end]  # the new positions' rows of the store
-    new = slice(int(rows[0]), int(rows[-1]) + 1) if (np.diff(rows) == 1).all() else rows  # a slice writes faster
+    slots = np.concatenate([np.arange(a, b) for a, b in runs])[start:end]  # the new positions' slots
+    new = slice(int(slots[0]), int(slots[-1]) + 1) if (np.diff(slots) == 1).all() else slots  # a slice writes faster
     return Placement(cache.k, cache.v, new, end, runs)
 
 
@@ -83,9 +83,8 @@ def batch_attend(layer: int, placements: list[Placement], rows: list[slice], sto
     """The attend of `layer` for a batch: the new keys and values written where `stores` (`writes`)
     says, then every sequence's queries attend to their own keys, in one call of the kernels."""
     def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, N, hd] each
-        k, v = k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [N, H, hd]: a row per position, as stored
         for k_store, v_store, slots, r in stores:
-            k_store[layer][slots], v_store[layer][slots] = k[r], v[r]
+            k_store[layer][:, slots], v_store[layer][:, slots] = k[:, r], v[:, r]
         parts = [BatchPart(r, place.length, place.segments(layer)) for place, r in zip(placements, rows)]
         return kernels.attend_batch(q, parts)  # [H, N, hd]
     return attend

@@ -50,7 +50,7 @@ def recording(attend: Callable, gpt: GPT2, trace: Trace, cache: KVCache | None, 
     """`attend`, also keeping the new keys and values it is given and the weights of its queries."""
     def attend_and_record(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
         out = attend(q, k, v)
-        seen = k if cache is None else cache.k[layer, :cache.length + q.shape[1]].transpose(1, 0, 2)  # keys 0 .. S-1
+        seen = k if cache is None else cache.k[layer, :, :cache.length + q.shape[1]]  # keys 0 .. S-1
         trace.keys.append(merge_heads(k))
         trace.values.append(merge_heads(v))
         trace.weights.append(gpt.kernels.attention_weights(q, seen))

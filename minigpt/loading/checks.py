@@ -110,19 +110,19 @@ def check_cache(config: GPT2Config, cache: object) -> KVCache:
     arrays = {"k": cache.k, "v": cache.v}
     for name, a in arrays.items():
         if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 4 or not a.flags.writeable:
-            raise InputError(f"the cache's {name} store must be a writable float32 array [n_layer, positions, "
-                             f"n_head, head_dim], got {type(a).__name__} {getattr(a, 'dtype', '')} {np.shape(a)}")
+            raise InputError(f"the cache's {name} store must be a writable float32 array [n_layer, n_head, "
+                             f"positions, head_dim], got {type(a).__name__} {getattr(a, 'dtype', '')} {np.shape(a)}")
     k, v = arrays["k"], arrays["v"]
     if v.shape != k.shape:
         raise InputError(f"the cache's k and v stores differ in shape: {k.shape} and {v.shape}")
     if np.may_share_memory(k, v):
         raise InputError("the cache's k and v stores share memory: values would overwrite keys")
-    made = dict(zip(("n_layer", "n_head", "head_dim"), (k.shape[0], k.shape[2], k.shape[3])))
+    made = dict(zip(("n_layer", "n_head", "head_dim"), (k.shape[0], k.shape[1], k.shape[3])))
     wanted = {"n_layer": config.n_layer, "n_head": config.n_head, "head_dim": config.head_dim}
     if made != wanted:
         differ = ", ".join(f"{n} {made[n]} (this model: {wanted[n]})" for n in made if made[n] != wanted[n])
         raise InputError(f"the cache was made for another model: its {differ}; a cache's stores are [n_layer, "
-                         f"positions, n_head, head_dim], got {k.shape}")
+                         f"n_head, positions, head_dim], got {k.shape}")
     if not pooled and cache.capacity > config.n_positions:
         raise InputError(f"the cache holds {cache.capacity} positions, beyond this model's context of "
                          f"{config.n_positions} (n_positions): it was made for another model")
