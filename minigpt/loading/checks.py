@@ -1,7 +1,8 @@
-"""Validation, once, at the public boundary: every check of what a caller gives minigpt.
+"""Validation, once, at the public boundary: the checks of what a caller gives a model (its config,
+weights, token ids, caches, a prompt against its context, a scoring stride).
 
-The functions of parts 1 to 5 assume checked input; minigpt.scripted.api and the CLI call these first. Each
-raises a minigpt.errors class naming the argument and what would fit.
+The functions of parts 1 to 4 assume checked input; Model, the requests, the Engine, minigpt.scripted.api
+and the CLI call these first. Each raises a minigpt.errors class naming the argument and what would fit.
 """
 
 from __future__ import annotations
