@@ -154,7 +154,7 @@ class PagePool:
                     self.cached[page] = None  # the most recently used
                 else:
                     self.free[page] = True
-        cache.pages, cache._length = [], 0  # nothing left to zero
+        cache.pages, cache._length = [], 0  # not the length's setter: pages kept for their prefix keep their keys
 
     def lookup(self, hash: bytes, tokens: tuple[int, ...]) -> int | None:
         """The cached page of this prefix hash, if its token ids are these."""

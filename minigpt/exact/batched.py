@@ -15,9 +15,9 @@ from typing import Callable, Protocol
 import numpy as np
 
 from ..gpt2.forward import GPT2, embed, lm_head
-from ..exact.attention import BatchPart, Segments
-from ..exact.kernels import BatchKernels
 from ..gpt2.layers import block
+from .attention import BatchPart, Segments
+from .kernels import BatchKernels
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,11 +70,17 @@ class Cache(Protocol):
 
 
 def placement(cache: Cache, n: int) -> Placement:
-    """The Placement of n new positions after a cache's."""
+    """The Placement of n new positions after a cache's: their slots, read off the runs (a slice when
+    they follow each other, which writes faster)."""
     start, end = cache.length, cache.length + n
-    runs = cache.runs(end)
-    slots = np.concatenate([np.arange(a, b) for a, b in runs])[start:end]  # the new positions' slots
-    new = slice(int(slots[0]), int(slots[-1]) + 1) if (np.diff(slots) == 1).all() else slots  # a slice writes faster
+    runs, parts, first = cache.runs(end), [], 0  # first: the position a run begins with
+    for a, b in runs:
+        lo, hi = max(start, first), min(end, first + b - a)  # the new positions in this run
+        if lo < hi:
+            parts.append(np.arange(a + lo - first, a + hi - first))
+        first += b - a
+    slots = np.concatenate(parts)
+    new = slice(int(slots[0]), int(slots[-1]) + 1) if (np.diff(slots) == 1).all() else slots
     return Placement(cache.k, cache.v, new, end, runs)
 
 

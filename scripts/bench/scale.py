@@ -17,7 +17,6 @@ its loads, so it is in the page cache: the loads read memory, not the disk.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -35,10 +34,10 @@ from minigpt.exact.kernels import EXACT, FAST
 from minigpt.gpt2.config import GPT2_SIZES
 from minigpt.loading.checkpoint import save_checkpoint
 from minigpt.loading.model import Model
-from minigpt.loading.weights import random_params
+from minigpt.loading.weights import params_to_tensors, random_params
+from minigpt.loop.cost import gpt2_architecture, kv_bytes_per_token
 
-from .common import Report, RunInfo, Target, interleaved, log, minigpt_engines, random_124m, transformers, \
-    transformers_row
+from .common import Report, RunInfo, Target, interleaved, log, minigpt_engines, transformers, transformers_row
 
 TITLE, DOC, BLOCK = "Cost as the work grows", "staircase.md", "scale"
 SIZES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -69,10 +68,12 @@ print(json.dumps({"seconds": seconds, "peak": peak}))
 """
 
 
-def weight_bytes(config) -> int:
-    """float32 bytes of a config's weights."""
-    C, V, P, L = config.n_embd, config.vocab_size, config.n_positions, config.n_layer
-    return 4 * (V * C + P * C + 2 * C + L * (12 * C * C + 13 * C))
+def read_growth(name: str, contexts: tuple[int, ...]) -> dict[int, float]:
+    """The bytes a decode step reads after each context (every weight matrix once, the cache's keys and
+    values of the positions so far; minigpt.loop.cost's arithmetic), against those after the first."""
+    arch = gpt2_architecture(name, GPT2_SIZES[name])
+    read = {n: 4 * arch.matrix_params + n * kv_bytes_per_token(arch, "float32") for n in contexts}
+    return {n: read[n] / read[contexts[0]] for n in contexts}
 
 
 def available_bytes() -> int:
@@ -96,7 +97,7 @@ def loads(engines: list[str], threads: int) -> tuple[list[str], list[Target]]:
     rows, targets = [], []
     for size in SIZES:
         config = GPT2_SIZES[size]
-        weights = weight_bytes(config)
+        weights = 4 * gpt2_architecture(size, config).matrix_params  # nearly all of it: a first estimate
         free_disk = shutil.disk_usage(tempfile.gettempdir()).free
         if 3 * weights > available_bytes() or 2 * weights > free_disk:
             rows.append(f"| {size} | {weights / 1e9:.2f} | not measured: this machine's free memory or disk "
@@ -105,6 +106,7 @@ def loads(engines: list[str], threads: int) -> tuple[list[str], list[Target]]:
         with tempfile.TemporaryDirectory() as directory:
             log(f"scale: writing a random {size} checkpoint ({weights / 1e9:.1f} GB) ...")
             params = random_params(config, seed=0)
+            weights = sum(t.nbytes for t in params_to_tensors(params).values())
             save_checkpoint(directory, config, params)
             del params
             log(f"scale: loading {size}, {', '.join(engines)}, {LOAD_ROUNDS} rounds ...")
@@ -203,10 +205,7 @@ def run() -> Report:
     if hf is not None:
         small["transformers"] = transformers_engine(hf)
     decode, fill = curves(small)
-    config = random_124m().config
-    weights = weight_bytes(config)
-    cache_bytes = {n: 2 * config.n_layer * n * config.n_embd * 4 for n in DECODE_CONTEXT}
-    read = {n: (weights + cache_bytes[n]) / (weights + cache_bytes[64]) for n in DECODE_CONTEXT}
+    read = read_growth("gpt2", DECODE_CONTEXT)  # random-124m has GPT-2 small's shapes
     for name in ("minigpt exact", "minigpt fast"):
         grow = decode[name][1000] / decode[name][64]
         targets.append((f"{name}: decode after 1,000 positions <= 1.2x after 64 (bytes read {read[1000]:.2f}x)",
@@ -226,8 +225,7 @@ def run() -> Report:
         for name, seconds in runs.items():
             xl_decode.setdefault(name, {})[context] = min(seconds)
     del xl, xl_params
-    xl_read = ((weight_bytes(xl_config) + 2 * xl_config.n_layer * 1000 * xl_config.n_embd * 4)
-               / (weight_bytes(xl_config) + 2 * xl_config.n_layer * 64 * xl_config.n_embd * 4))
+    xl_read = read_growth("gpt2-xl", (64, 1000))[1000]
     for name, steps in xl_decode.items():
         grow = steps[1000] / steps[64]
         targets.append((f"gpt2-xl, {name}: decode after 1,000 positions <= 1.2x after 64 (bytes read "
