@@ -104,8 +104,19 @@ def offline(text: str) -> str:
     return HUB.sub("random-tiny", text)
 
 
+STRUCTURED = re.compile(r"--(?:choice|regex|json-schema|grammar)\b|\b(?:choice|regex|json_schema|grammar)\b\"?\s*[=:]")
+NO_LLGUIDANCE = "constrains the text: the structured extra (llguidance) is not installed"
+
+
+def needs_missing_llguidance(text: str) -> bool:
+    """Whether an example constrains its output (a flag, keyword or JSON field) while llguidance is absent."""
+    return bool(STRUCTURED.search(text)) and importlib.util.find_spec("llguidance") is None
+
+
 def skip_reason(command: str) -> str | None:
     bare = re.sub(r"^(?:\w+=\S*\s+)+", "", command)  # PYTHONPATH=. python ... -> python ...
+    if needs_missing_llguidance(bare):
+        return NO_LLGUIDANCE
     if bare.startswith("curl ") and "http://127.0.0.1:" in bare:
         return None  # a request to the examples' server
     if not bare.startswith("python"):
@@ -166,6 +177,8 @@ def test_example_runs(file, line, lang, code, files, tmp_path, capsys, request):
     if SERVED in code:
         code = code.replace(SERVED, request.getfixturevalue("server"))
     if lang == "python":
+        if needs_missing_llguidance(code):
+            pytest.skip(f"{file}:{line}: {NO_LLGUIDANCE}")
         source = offline(code)
         if any(file == f and text in code for f, text in SMALLER):
             source = source.replace('"random-124m"', '"random-tiny"')
