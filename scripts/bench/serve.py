@@ -54,9 +54,10 @@ def one_at_a_time(model: Model, prompts: list[list[int]], new_tokens: int) -> di
             "ttft": [r.step_seconds[0] for r in results], "tbt": [s for r in results for s in r.step_seconds[1:]]}
 
 
-def start_server(model_name: str, kernels: str) -> tuple[subprocess.Popen, int]:
+def start_server(model_name: str, kernels: str, *options: str) -> tuple[subprocess.Popen, int]:
+    """`python -m minigpt serve` with these options on a free port of 127.0.0.1: (process, port) once it listens."""
     process = subprocess.Popen([sys.executable, "-m", "minigpt", "serve", "--model", model_name, "--kernels", kernels,
-                                "--port", "0", "--max-batch-size", str(MAX_BATCH)], stderr=subprocess.PIPE, text=True)
+                                "--port", "0", *options], stderr=subprocess.PIPE, text=True)
     line = process.stderr.readline()
     if " listening on http://127.0.0.1:" not in line:
         process.kill()
@@ -114,7 +115,7 @@ def measure(model_name: str, models: dict[str, Model], n_requests: int, new_toke
         log(f"serve: {kernels}, {n_requests} requests one at a time ...")
         alone = one_at_a_time(model, prompts, new_tokens)
         rows.append({"kernels": kernels, "way": "one at a time (`generate`, no HTTP)", **alone, "same": None})
-        process, port = start_server(model_name, kernels)
+        process, port = start_server(model_name, kernels, "--max-batch-size", str(MAX_BATCH))
         try:
             for clients in concurrency:
                 log(f"serve: {kernels}, {clients} concurrent clients ...")
