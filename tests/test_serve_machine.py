@@ -51,12 +51,29 @@ def bodies(draw, stream: bool | None = None) -> dict:
     return body
 
 
-class Client:
-    """One request on a connection of its own, read as the rules say: its choices by index as
-    [text, token log-probabilities, finish reason], and the usage it was told."""
+class Answer:
+    """What a client was told: its choices by index as [text, token log-probabilities, finish reason],
+    and the usage."""
+
+    def __init__(self, body: dict):
+        self.body, self.choices, self.usage = body, {}, None
+
+    def take(self, chunk: dict) -> None:
+        assert "error" not in chunk, chunk
+        for c in chunk["choices"]:
+            text, logprobs, _ = self.choices.setdefault(c["index"], ["", [], None])
+            self.choices[c["index"]][0] += c["text"]
+            logprobs += c["logprobs"]["token_logprobs"]
+            self.choices[c["index"]][2] = c["finish_reason"]
+        self.usage = chunk.get("usage") or self.usage
+
+
+class Client(Answer):
+    """One request on a connection of its own, read as the rules say."""
 
     def __init__(self, port: int, body: dict):
-        self.body, self.choices, self.usage, self.done = body, {}, None, False
+        super().__init__(body)
+        self.done = False  # data: [DONE] read
         self.connection = http.client.HTTPConnection(HOST, port, timeout=60)
         self.connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
         self.response = None
@@ -90,29 +107,19 @@ class Client:
         self.connection.sock.shutdown(socket.SHUT_RDWR)
         self.connection.close()
 
-    def take(self, chunk: dict) -> None:
-        assert "error" not in chunk, chunk
-        for c in chunk["choices"]:
-            text, logprobs, _ = self.choices.setdefault(c["index"], ["", [], None])
-            self.choices[c["index"]][0] += c["text"]
-            logprobs += c["logprobs"]["token_logprobs"]
-            self.choices[c["index"]][2] = c["finish_reason"]
-        self.usage = chunk.get("usage") or self.usage
 
-
-def through_openai(port: int, body: dict) -> Client:
-    """The body sent by the official client (a Client's record of the answer, not its connection)."""
+def through_openai(port: int, body: dict) -> Answer:
+    """The body sent by the official client, read to its end."""
     client = openai.OpenAI(base_url=f"http://{HOST}:{port}/v1", api_key="unused", max_retries=0, timeout=60)
     fields = {k: v for k, v in body.items() if k not in ("prompt", "stream", "stream_options")}
-    record = Client.__new__(Client)
-    record.body, record.choices, record.usage, record.done = body, {}, None, True
+    answer = Answer(body)
     if body["stream"]:
         for chunk in client.completions.create(model="random-tiny", prompt=body["prompt"], stream=True,
                                                stream_options={"include_usage": True}, **fields):
-            record.take(chunk.model_dump())
+            answer.take(chunk.model_dump())
     else:
-        record.take(client.completions.create(model="random-tiny", prompt=body["prompt"], **fields).model_dump())
-    return record
+        answer.take(client.completions.create(model="random-tiny", prompt=body["prompt"], **fields).model_dump())
+    return answer
 
 
 def alone(model, body: dict, j: int):
@@ -130,7 +137,7 @@ class ServerMachine(RuleBasedStateMachine):
         super().__init__()
         self.stack = contextlib.ExitStack()
         self.service = self.url = None
-        self.read_whole: list[Client] = []  # answers read to their end
+        self.read_whole: list[Answer] = []  # answers read to their end
         self.left: list[Client] = []  # streams left mid-way
         self.open: list[Client] = []
 
@@ -238,4 +245,4 @@ def model(tokenizer):
     ServerMachine.model = minigpt.load("random-tiny")
 
 
-TestServerMachine = ServerMachine.TestCase
+TestEveryAnswerIsItsChoiceAloneMetricsCountWhatWasServedNoPageIsLeft = ServerMachine.TestCase

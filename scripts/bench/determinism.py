@@ -32,7 +32,7 @@ from .common import Report, RunInfo, Target, log, random_124m, timed
 from .serve import start_server
 
 TITLE, DOC, BLOCK = "Determinism under load", "serving.md", "determinism"
-RUNS, NEW_TOKENS, PROBE_TOKENS, SEED = 32, 64, 40, 0
+RUNS, NEW_TOKENS, PROBE_TOKENS, SEED = 24, 48, 40, 0
 LOAD_PER_PROBE, CLIENTS, MAX_BATCH, POOL_TOKENS = 1, 16, 16, 1024
 PROBE_SEED = 1234  # the seeded probe's
 
@@ -46,7 +46,7 @@ def schedule(config, runs: int) -> tuple[list[int], list[dict]]:
     bodies += [{"prompt": probe, "temperature": 1.0, "seed": PROBE_SEED, **asked} for _ in range(runs)]
     for _ in range(2 * runs * LOAD_PER_PROBE):
         shared = probe[:int(rng.integers(1, PROBE_TOKENS))] if rng.random() < 0.3 else []
-        prompt = shared + rng.integers(config.vocab_size - 1, size=int(rng.integers(4, 200))).tolist()
+        prompt = shared + rng.integers(config.vocab_size - 1, size=int(rng.integers(4, 120))).tolist()
         body = {"prompt": prompt, "max_tokens": int(rng.integers(4, NEW_TOKENS + 1)), "stream": bool(rng.random() < 0.5)}
         body.update({"temperature": 0} if rng.random() < 0.5 else {"temperature": 0.8, "seed": int(rng.integers(2**31))})
         bodies.append(body)
