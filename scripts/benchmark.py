@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"determinism: send the probe N times per kernel set and decoding (default "
                              f"{determinism.RUNS}; Thinking Machines' experiment: 1000)")
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs: must be at least 1, got {args.runs}")
     if args.docs is not None:  # fail now, not after minutes of measuring
         if not (args.docs / "img").is_dir():
             parser.error(f"--docs: no directory {str(args.docs / 'img')!r} for the plots")

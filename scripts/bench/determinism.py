@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -28,8 +26,8 @@ from minigpt.cli.pictures import plot_lines
 from minigpt.exact.kernels import FAST
 from minigpt.scripted.api import generate
 
-from .common import Report, RunInfo, Target, log, random_124m, timed
-from .serve import start_server
+from .common import Report, RunInfo, Target, log, random_124m
+from .serve import in_turn, start_server
 
 TITLE, DOC, BLOCK = "Determinism under load", "serving.md", "determinism"
 RUNS, NEW_TOKENS, PROBE_TOKENS, SEED = 24, 48, 40, 0
@@ -86,28 +84,10 @@ def metrics(port: int) -> dict[str, float]:
 def served(kernels: str, bodies: list[dict]) -> tuple[list, dict, float]:
     """Every body through a fresh server with `kernels` from CLIENTS threads: the answers in the
     bodies' order, the server's counters and the wall time."""
-    answers, lock, next_index = [None] * len(bodies), threading.Lock(), [0]
     process, port = start_server("random-124m", kernels, "--max-batch-size", str(MAX_BATCH),
                                  "--kv-cache-tokens", str(POOL_TOKENS))
-
-    def client() -> None:
-        while True:
-            with lock:
-                i = next_index[0]
-                next_index[0] += 1
-            if i >= len(bodies):
-                return
-            answers[i] = send(port, bodies[i])
-
-    def go() -> None:
-        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
     try:
-        _, seconds = timed(go)
+        answers, seconds = in_turn(bodies, CLIENTS, lambda body: send(port, body))
         return answers, metrics(port), seconds
     finally:
         process.terminate()

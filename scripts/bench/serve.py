@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -33,6 +34,7 @@ N_REQUESTS, NEW_TOKENS, SEED = 64, 32, 0
 PROMPT_RANGE = (16, 256)
 CONCURRENCY = (1, 4, 16, 32)
 MAX_BATCH = 16
+T, R = TypeVar("T"), TypeVar("R")
 
 
 def requests(config, n: int, new_tokens: int) -> list[list[int]]:
@@ -80,18 +82,19 @@ def stream_one(port: int, prompt: list[int], new_tokens: int) -> tuple[str, list
     return "".join(text), times
 
 
-def served(port: int, prompts: list[list[int]], new_tokens: int, clients: int) -> dict:
-    """The prompts through the server from `clients` threads taking them in turn."""
-    texts, chunks, lock, next_index = [None] * len(prompts), [None] * len(prompts), threading.Lock(), [0]
+def in_turn(items: list[T], clients: int, work: Callable[[T], R]) -> tuple[list[R], float]:
+    """work(item) for every item from `clients` threads, each taking the next item in turn: the
+    results in the items' order, and the wall time of all."""
+    results, lock, next_index = [None] * len(items), threading.Lock(), [0]
 
     def client() -> None:
         while True:
             with lock:
                 i = next_index[0]
                 next_index[0] += 1
-            if i >= len(prompts):
+            if i >= len(items):
                 return
-            texts[i], chunks[i] = stream_one(port, prompts[i], new_tokens)
+            results[i] = work(items[i])
 
     def go() -> None:
         threads = [threading.Thread(target=client) for _ in range(clients)]
@@ -101,6 +104,13 @@ def served(port: int, prompts: list[list[int]], new_tokens: int, clients: int) -
             t.join()
 
     _, seconds = timed(go)
+    return results, seconds
+
+
+def served(port: int, prompts: list[list[int]], new_tokens: int, clients: int) -> dict:
+    """The prompts through the server from `clients` threads taking them in turn."""
+    answers, seconds = in_turn(prompts, clients, lambda prompt: stream_one(port, prompt, new_tokens))
+    texts, chunks = [a[0] for a in answers], [a[1] for a in answers]
     return {"texts": texts, "seconds": seconds, "ttft": [c[1] - c[0] for c in chunks],
             "tbt": [b - a for c in chunks for a, b in zip(c[1:], c[2:])]}
 
