@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from .api import Engine
-from .completions import APIError, library_error
+from .completions import FINISH_REASONS, APIError, library_error
 from .metrics import Metrics
 from ..engine.scheduler import Job
 from ..errors import NumericalError
@@ -139,6 +139,7 @@ class EngineThread:
             for job in [*finished, *ran]:
                 if job in self.tickets:
                     self.engine.cancel(job)
+                    self.metrics.ended("error")
                     self.tickets.pop(job).deliver(Update(job.index, [], final=True, error=message))
 
     def finish(self, finished: list[Job]) -> None:
@@ -149,6 +150,7 @@ class EngineThread:
                 continue
             self.count(job, ticket)
             result = job.result()
+            self.metrics.ended("error" if job.error is not None else FINISH_REASONS.get(result.finish_reason, "abort"))
             if job.error is not None:  # its own processing gave up mid-way: this choice alone fails
                 ticket.deliver(Update(job.index, [], final=True, error=library_error(job.error, 1)))
             elif result.finish_reason != "abort":

@@ -3,8 +3,8 @@ uses) and vLLM's metric names under a `minigpt:` prefix, each labelled with the 
 
 Gauges are read from the Engine when scraped (requests running and waiting, the page pool); counters
 and histograms are fed by the engine thread as choices progress: prompt and generated tokens, the
-prefix cache's queries and hits (in tokens, as vLLM counts them), preemptions, the time to a choice's
-first token and the time between its tokens (docs/serving.md lists them).
+prefix cache's queries and hits (in tokens, as vLLM counts them), preemptions, choices finished by
+reason, the time to a choice's first token and the time between its tokens (docs/serving.md lists them).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Metrics:
 
     def __init__(self, engine: Engine, served_name: str):
         self.registry = registry = CollectorRegistry()
-        self.engine, label = engine, {"model_name": served_name}
+        self.engine, self.label, label = engine, served_name, {"model_name": served_name}
 
         def gauge(name: str, doc: str, read, states: tuple[str, ...] = ()) -> None:
             """A gauge read when scraped: read() alone, or read(state) for each of its states."""
@@ -57,6 +57,9 @@ class Metrics:
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.preemptions = counter("num_preemptions", "Sequences preempted (their pages given back, recomputed later).")
+        self.finished = Counter("minigpt:request_success", "Choices finished, by reason: stop (end of text or a "
+                                "stop string), length, abort (cancelled: the client left, or the server stopped), "
+                                "error.", [*label, "finished_reason"], registry=registry)
         self.ttft = histogram("time_to_first_token_seconds", "From a choice's arrival at the engine thread to its "
                               "first token.", TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Between consecutive tokens of a choice.", ITL_BUCKETS)
@@ -74,6 +77,10 @@ class Metrics:
         self.generation_tokens.inc(n)
         if since:
             self.itl.observe(since)
+
+    def ended(self, reason: str) -> None:
+        """A choice ended (the engine thread): a finish reason of the API's, "abort" or "error"."""
+        self.finished.labels(model_name=self.label, finished_reason=reason).inc()
 
     def stepped(self) -> None:
         """After an engine step: preemptions counted from the engine's own count."""
