@@ -5,12 +5,13 @@ and the engine's mask thread, on which a costly mask holds up its own sequence o
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
 import numpy as np
 import pytest
+from serving import post
+from serving import model, served  # noqa: F401 (fixtures)
 
 import minigpt
 from minigpt.engine.engine import Engine
@@ -157,3 +158,23 @@ def test_a_slow_constraint_holds_up_its_own_sequence_only(tiny_model):
     assert [job.result().tokens for job in jobs] == [r.tokens for r in alone]
     assert tiny_model.tokenizer.decode(jobs[1].result().tokens) == literal[:len(tiny_model.tokenizer.decode(
         jobs[1].result().tokens))]
+
+
+@pytest.mark.parametrize("extra", [{"guided_json": True}, {"structured_outputs": {"json": True}},
+                                   {"response_format": {"type": "json_schema", "json_schema": {"name": "any",
+                                                                                                "schema": True}}}])
+def test_the_servers_schema_of_true_is_any_json(served, tokenizer, extra):
+    """vLLM's guided_json: true and a response_format schema of true: the text generate gives with {}."""
+    body = {"model": "random-tiny", "prompt": "The answer is", "max_tokens": 6, "temperature": 0, **extra}
+    status, _, answer = post(served[1], "/v1/completions", body)
+    alone = minigpt.generate(served[0].model, minigpt.encode(tokenizer, "The answer is"), 6, temperature=0,
+                             json_schema={})
+    assert status == 200 and answer["choices"][0]["text"] == alone.text, answer
+
+
+def test_100000_choices_are_a_400_naming_the_field_without_panic_text(served):
+    body = {"model": "random-tiny", "prompt": "a", "max_tokens": 2, "guided_choice": [f"w{i}" for i in range(100_000)]}
+    status, _, answer = post(served[1], "/v1/completions", body)
+    assert status == 400 and answer["error"]["param"] == "guided_choice", answer
+    assert answer["error"]["message"].startswith("guided_choice is too long: 688,889 characters as one regex")
+    assert not re.search("panic|backtrace", answer["error"]["message"], re.I)

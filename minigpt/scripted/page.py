@@ -43,7 +43,7 @@ def routes(service) -> list[Route]:
                 if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit:
                     raise APIError(f"{field} must be an integer in 0..{limit - 1}", field)
             try:
-                found = await service.prepared(inspect, service.model, body.get("tokens"))
+                found = await service.preparation.run(inspect, service.model, body.get("tokens"))
             except APIError:  # the server stopped first (503)
                 raise
             except MinigptError as e:

@@ -17,9 +17,7 @@ import json
 import logging
 import socket
 import sys
-import threading
 import uuid
-from typing import Callable
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -34,7 +32,7 @@ from ..loading.checks import check_ids
 from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
                           encode_text, envelope, library_error, parse_json, usage_json)
 from . import page
-from .engine_thread import EngineThread, Ticket, Update
+from .engine_thread import EngineThread, Preparation, Ticket, Update, shutting_down
 from .metrics import Metrics
 from ..errors import InputError, MinigptError
 from ..loading.model import Model
@@ -45,7 +43,6 @@ log = logging.getLogger("minigpt.scripted.serve")
 MAX_BODY_BYTES = 8 * 2**20  # a body beyond this is refused (413) before it is read in full
 RETRY_AFTER_SECONDS = 1
 SHUTDOWN_GRACE_SECONDS = 3  # on SIGINT/SIGTERM, running requests get this long to finish, then are answered 503
-PREPARING = 40  # requests prepared at once (each on a thread), as many as Starlette's worker threads
 HEADER_SECONDS = 10  # a connection's request line and headers must arrive within this of it opening or being idle
 BODY_SECONDS = 30  # and its body within this of its headers
 
@@ -63,8 +60,7 @@ class Service:
         self.capacity = engine.max_batch_size + max_queue  # choices in flight: the running and the waiting
         self.in_flight = 0
         self.draining = False  # shutting down: new completions are refused (503)
-        self.stopped = asyncio.Event()  # the grace period is over: whatever is left is answered 503
-        self.preparing = asyncio.Semaphore(PREPARING)
+        self.preparation = Preparation()
 
     def shutting_down(self) -> None:
         """Refuse new completions; after SHUTDOWN_GRACE_SECONDS end those still running, or still
@@ -74,38 +70,8 @@ class Service:
         asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_SECONDS, self.stop_now)
 
     def stop_now(self) -> None:
-        self.stopped.set()
+        self.preparation.stop()
         self.engine_thread.abort(shutting_down())
-
-    async def prepared(self, work: Callable, *args):
-        """work(*args) on a thread of its own, off the event loop (a body checked, a constraint compiled,
-        /inspect's forward), at most PREPARING at once; a 503 if the server stops before it is done.
-        The thread is a daemon's: it goes on to the end of its work (bounded by the limits), unread,
-        and the process exits without waiting for it."""
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-
-        def run() -> None:
-            try:
-                outcome = (work(*args), None)
-            except Exception as e:  # raised again on the event loop
-                outcome = (None, e)
-            with contextlib.suppress(RuntimeError):  # the loop closed first: nobody is waiting
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
-
-        async with self.preparing:
-            threading.Thread(target=run, name="minigpt-prepare", daemon=True).start()
-            stop = asyncio.ensure_future(self.stopped.wait())
-            try:
-                await asyncio.wait([done, stop], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-            if not done.done():
-                raise shutting_down()
-        result, error = done.result()
-        if error is not None:
-            raise error
-        return result
 
     def app(self) -> Starlette:
         routes = [Route("/health", self.health), Route("/v1/models", self.models),
@@ -210,7 +176,7 @@ class Service:
         try:
             if self.draining:
                 raise shutting_down()
-            completion = await self.prepared(self.prepare, await read_body(request))  # encoding takes time
+            completion = await self.preparation.run(self.prepare, await read_body(request))  # encoding takes time
             choices = len(completion.requests) * completion.best_of
             if choices > self.capacity - self.in_flight:
                 raise APIError(f"the server is busy: {choices} candidates asked for, room for "
@@ -344,10 +310,6 @@ async def read_body(request: HTTPRequest) -> bytes:
     except TimeoutError:
         raise APIError(f"the body did not arrive within {BODY_SECONDS} s", None, "request_timeout", 408) from None
     return bytes(body)
-
-
-def shutting_down() -> APIError:
-    return APIError("the server is shutting down", None, "shutting_down", 503, "server_error")
 
 
 def too_large() -> APIError:

@@ -1,0 +1,72 @@
+"""beside: a plain request's time beside a constrained one of n = 16 sequences, on one Engine
+(docs/logits-processing.md#what-a-constraint-may-cost).
+
+random-124m, exact kernels, greedy: the plain request (a 16-token prompt, 20 new tokens) is timed
+from its submission to its end, alone and beside 16 sequences of another request, each of the ways
+in BESIDE: plain too, or constrained by one of the costliest constraints the limits accept. The
+goal: beside any of them, within 2x its time alone (interleaved rounds, the best of each).
+
+    cd scripts && PYTHONPATH=.. python -m bench.beside
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from minigpt.engine.engine import Engine
+from minigpt.loading.requests import make_requests
+from minigpt.loading.structured import MAX_CONSTRAINT_CHARS, MAX_REPETITION
+
+from .common import REPEATS, interleaved, log, random_124m
+
+N, PROMPT_TOKENS, NEW_TOKENS, GOAL = 16, 16, 20, 2.0
+BESIDE = {  # name -> the options of the n = 16 request beside the plain one (None: alone)
+    "alone": None,
+    "plain": {},
+    f"a literal of {MAX_CONSTRAINT_CHARS:,} characters": {"regex": "ab" * (MAX_CONSTRAINT_CHARS // 2)},
+    f"a repetition {MAX_REPETITION:,} times": {"regex": "(a{10}){100}"},
+    "2,000 choices": {"choice": [f"option number {i}" for i in range(2000)]},
+}
+
+
+def plain_seconds(model, prompts: list[list[int]], beside: list) -> float:
+    """The plain request's time from its submission to its end, with `beside` (checked requests)
+    submitted just before it on the same Engine."""
+    engine = Engine(model, max_batch_size=N + 1)
+    plain = make_requests(model, prompts[:1], {"max_new_tokens": NEW_TOKENS, "temperature": 0, "stop_at_eos": False})
+    others = [engine.submit(r, i + 1) for i, r in enumerate(beside)]
+    clock = time.perf_counter()
+    job = engine.submit(plain[0], 0)
+    while not job.finished:
+        engine.step()
+    seconds = time.perf_counter() - clock
+    for other in others:
+        engine.cancel(other)
+    while engine.pending():
+        engine.step()
+    return seconds
+
+
+def main() -> None:
+    model = random_124m()
+    prompts = np.random.default_rng(1).integers(model.config.vocab_size, size=(N + 1, PROMPT_TOKENS)).tolist()
+    beside = {}
+    for name, options in BESIDE.items():
+        clock = time.perf_counter()
+        beside[name] = [] if options is None else make_requests(
+            model, prompts[1:], {**options, "max_new_tokens": 64, "temperature": 1.0, "seed": 0, "stop_at_eos": False})
+        log(f"beside: {name} checked in {time.perf_counter() - clock:.2f} s")
+    rounds = interleaved({name: lambda r=requests: plain_seconds(model, prompts, r) for name, requests in beside.items()},
+                         REPEATS)
+    alone = min(rounds["alone"])
+    print(f"| beside the plain request (n = {N}) | its time, s | ÷ alone |")
+    print("| --- | ---: | ---: |")
+    for name, seconds in rounds.items():
+        print(f"| {name} | {min(seconds):.3f} | {min(seconds) / alone:.2f}x |")
+    print(f"goal: within {GOAL}x alone: " + ("met" if max(min(s) for s in rounds.values()) <= GOAL * alone else "NOT met"))
+
+
+if __name__ == "__main__":
+    main()
