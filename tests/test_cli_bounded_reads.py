@@ -4,8 +4,6 @@ never a MemoryError or a traceback."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from minigpt.cli import main
@@ -13,14 +11,13 @@ from minigpt.cli.common import MAX_CONSTRAINT_FILE_BYTES
 from minigpt.loading.structured import MAX_CONSTRAINT_CHARS
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str, float]:
-    clock = time.perf_counter()
+def run(capsys, *argv: str) -> tuple[int, str, str]:
     try:
         code = main(list(argv))
     except SystemExit as e:  # argparse's usage errors
         code = e.code
     out, err = capsys.readouterr()
-    return code, out, err, time.perf_counter() - clock
+    return code, out, err
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +36,10 @@ def test_a_constraint_file_that_never_ends_is_one_error_line(capsys, tmp_path, h
     source.write_text('{"prompt": "a"}\n')
     before = ["hi"] if command == "generate" else [str(source), "-o", str(tmp_path / "out.jsonl")]
     for path in ("/dev/zero", huge):
-        code, out, err, seconds = run(capsys, command, *before, "--model", "random-tiny", flag, path)
+        code, out, err = run(capsys, command, *before, "--model", "random-tiny", flag, path)
         assert (code, out) == (2, "") and err.count("\n") == 1, err
         assert err == (f"error: {flag} {path!r} holds more than {MAX_CONSTRAINT_FILE_BYTES >> 10} KiB, more than a "
                        f"constraint's {MAX_CONSTRAINT_CHARS:,} characters take\n")
-        assert seconds < 30  # a bounded read (a bound far above it, not a benchmark)
 
 
 def test_a_constraint_file_at_the_bound_is_read_whole(capsys, tmp_path):
@@ -52,16 +48,16 @@ def test_a_constraint_file_at_the_bound_is_read_whole(capsys, tmp_path):
     path = tmp_path / "g.lark"
     path.write_text('start: "' + "a" * (MAX_CONSTRAINT_FILE_BYTES - 10) + '"\n')
     assert path.stat().st_size == MAX_CONSTRAINT_FILE_BYTES
-    code, out, err, _ = run(capsys, "generate", "hi", "--model", "random-tiny", "--grammar", str(path))
+    code, out, err = run(capsys, "generate", "hi", "--model", "random-tiny", "--grammar", str(path))
     assert (code, out) == (2, "") and err.startswith("error: argument --grammar: is too long: "), err
 
 
 def test_batch_input_that_never_ends_is_one_error_line(capsys, tmp_path, huge):
     for path in ("/dev/zero", huge):
-        code, out, err, _ = run(capsys, "batch", path, "-o", str(tmp_path / "out.jsonl"), "--model", "random-tiny")
+        code, out, err = run(capsys, "batch", path, "-o", str(tmp_path / "out.jsonl"), "--model", "random-tiny")
         assert (code, out) == (2, "") and err.count("\n") == 1 and "is longer than 1,048,576 bytes" in err, err
 
 
 def test_score_file_that_never_ends_is_one_error_line(capsys, huge):
-    code, out, err, _ = run(capsys, "score", "--file", huge, "--model", "random-tiny")
+    code, out, err = run(capsys, "score", "--file", huge, "--model", "random-tiny")
     assert (code, out) == (2, "") and err.startswith(f"error: --file {huge!r} holds more than 4 MiB"), err

@@ -6,7 +6,6 @@ and the engine's mask thread, on which a costly mask holds up its own sequence o
 from __future__ import annotations
 
 import re
-import time
 
 import numpy as np
 import pytest
@@ -17,16 +16,24 @@ import minigpt
 from minigpt.engine.engine import Engine
 from minigpt.errors import InputError
 from minigpt.loading.requests import make_requests
+from minigpt.loading import structured
 from minigpt.loading.structured import MAX_CONSTRAINT_CHARS, MAX_REPETITION, compile_constraint
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 
 
-def refused(tokenizer, kind: str, value) -> tuple[InputError, float]:
-    clock = time.perf_counter()
+@pytest.fixture
+def no_llguidance(monkeypatch):
+    """llguidance made unreachable: a refusal under it was decided before any of its work."""
+    def unreachable(kind):
+        raise AssertionError("llguidance was called")
+    monkeypatch.setattr(structured, "llguidance", unreachable)
+
+
+def refused(tokenizer, kind: str, value) -> InputError:
     with pytest.raises(InputError) as error:
         compile_constraint(tokenizer, kind, value)
-    return error.value, time.perf_counter() - clock
+    return error.value
 
 
 @pytest.mark.parametrize("kind, value, piece, count", [
@@ -41,15 +48,14 @@ def refused(tokenizer, kind: str, value) -> tuple[InputError, float]:
     ("json_schema", {"type": "string", "pattern": "^(ab){5000}$"}, "{5000}", "5,000"),
     ("json_schema", {"type": "object", "patternProperties": {"^k{2000}$": {}}}, "{2000}", "2,000"),
 ])
-def test_a_counted_repetition_beyond_the_limit_is_refused_from_its_text_before_any_work(tokenizer, kind, value,
-                                                                                     piece, count):
+def test_a_counted_repetition_beyond_the_limit_is_refused_from_its_text_before_any_work(tokenizer, no_llguidance,
+                                                                                     kind, value, piece, count):
     """Counted repetitions cost llguidance's lexer a state per time: (a{1000}){1000} took minutes and
     a{40000} seconds. Their count is known from the text: refused at once, naming the option and the piece."""
-    error, seconds = refused(tokenizer, kind, value)
+    error = refused(tokenizer, kind, value)
     assert error.param == kind and "\n" not in str(error)
     assert str(error).startswith(f"{kind} repeats too much: {piece} at character ")
     assert f"repeats {count} times in all, at most {MAX_REPETITION:,}" in str(error)
-    assert seconds < 0.05  # no llguidance work: a regex scan (a timing bound far above it, not a benchmark)
 
 
 @pytest.mark.parametrize("kind, value", [
@@ -62,16 +68,16 @@ def test_a_counted_repetition_within_the_limit_compiles(tokenizer, kind, value):
     compile_constraint(tokenizer, kind, value)
 
 
-def test_one_limit_on_a_constraints_text_for_every_form(tokenizer):
+def test_one_limit_on_a_constraints_text_for_every_form(tokenizer, no_llguidance):
     """MAX_CONSTRAINT_CHARS for a regex, a grammar, a schema's JSON and the choices as one regex:
     100,000 choices are refused at once, naming the option, with no panic or backtrace text."""
     words = [f"w{i}" for i in range(100_000)]
     alternation = "|".join(words)
     for kind, value in [("choice", words), ("regex", alternation), ("grammar", f"start: /{alternation}/"),
                         ("json_schema", {"enum": words})]:
-        error, seconds = refused(tokenizer, kind, value)
+        error = refused(tokenizer, kind, value)
         assert error.param == kind and str(error).startswith(f"{kind} is too long: ")
-        assert f"at most {MAX_CONSTRAINT_CHARS:,}" in str(error) and seconds < 0.5
+        assert f"at most {MAX_CONSTRAINT_CHARS:,}" in str(error)
         assert not re.search("panic|backtrace|RUST_BACKTRACE|stack", str(error), re.I)
 
 
@@ -111,7 +117,7 @@ def test_a_schema_of_true_is_any_json_and_false_matches_nothing(tokenizer):
             a.advance(token)
             b.advance(token)
     assert compile_constraint(tokenizer, "json_schema", "true").start(()).allowed().sum() > 1
-    error, _ = refused(tokenizer, "json_schema", False)
+    error = refused(tokenizer, "json_schema", False)
     assert str(error) == "json_schema is false, a schema no JSON is valid under: no text matches it"
 
 
