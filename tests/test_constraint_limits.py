@@ -81,6 +81,17 @@ def test_one_limit_on_a_constraints_text_for_every_form(tokenizer, no_llguidance
         assert not re.search("panic|backtrace|RUST_BACKTRACE|stack", str(error), re.I)
 
 
+def walk_alike(tokenizer, first, second, text: str):
+    """Walk the text's tokens through a matcher of each constraint: each token allowed, the masks
+    bitwise equal at every place. The first's matcher, at the end."""
+    a, b = first.start(()), second.start(())
+    for token in tokenizer.encode(text):
+        assert np.array_equal(a.bits(), b.bits()) and a.allowed()[token]
+        a.advance(token)
+        b.advance(token)
+    return a
+
+
 def test_choice_takes_as_many_strings_as_the_same_regex_alternation(tokenizer):
     """2,000 choices (the Lark form failed at the first token): one regex, so each choice's text
     walks to completion and every mask equals the regex alternation's."""
@@ -88,12 +99,7 @@ def test_choice_takes_as_many_strings_as_the_same_regex_alternation(tokenizer):
     choice = compile_constraint(tokenizer, "choice", words)
     regex = compile_constraint(tokenizer, "regex", "|".join(words))
     for word in ("option number 0", "option number 1999", "option number 734"):
-        a, b = choice.start(()), regex.start(())
-        for token in tokenizer.encode(word):
-            assert np.array_equal(a.bits(), b.bits()) and a.allowed()[token]
-            a.advance(token)
-            b.advance(token)
-        assert a.complete
+        assert walk_alike(tokenizer, choice, regex, word).complete
 
 
 @pytest.mark.parametrize("word", ["a/b", "x{3}", "(", "\\", "[-]", "a|b", "#~&", "^$.*+?", "tab\tnew\nline", "é😀"])
@@ -111,11 +117,7 @@ def test_a_schema_of_true_is_any_json_and_false_matches_nothing(tokenizer):
     refused, naming the option: no text is valid under it."""
     anything, empty = compile_constraint(tokenizer, "json_schema", True), compile_constraint(tokenizer, "json_schema", {})
     for text in ('[1, "a", null]', '{"k": {"n": 2.5}}', "true"):
-        a, b = anything.start(()), empty.start(())
-        for token in tokenizer.encode(text):
-            assert np.array_equal(a.bits(), b.bits()) and a.allowed()[token]
-            a.advance(token)
-            b.advance(token)
+        walk_alike(tokenizer, anything, empty, text)
     assert compile_constraint(tokenizer, "json_schema", "true").start(()).allowed().sum() > 1
     error = refused(tokenizer, "json_schema", False)
     assert str(error) == "json_schema is false, a schema no JSON is valid under: no text matches it"
