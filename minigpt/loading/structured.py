@@ -29,7 +29,8 @@ from ..errors import InputError, shown
 CONSTRAINTS = ("regex", "json_schema", "choice", "grammar")  # at most one per request
 # What a constraint may cost, decided before llguidance's work and never by the clock, so that the
 # verdict is the same under any load (docs/logits-processing.md#what-a-constraint-may-cost):
-MAX_CONSTRAINT_CHARS = 65_536  # its text: the regex, the grammar, the schema's JSON, the choices as one regex
+MAX_CONSTRAINT_CHARS = 16_384  # its text: a regex, a grammar, a schema's JSON, the choices as one regex (a
+# literal's masks grow as the square of its length: one of 16,000 characters takes a good part of a second)
 MAX_REPETITION = 1_000  # a counted repetition's count ({m,n}: n; {m,}: m), nested ones multiplied
 # llguidance's own budgets, counted in its work: lexer fuel (regex nodes built) to start and per mask,
 # lexer states, Earley items per mask and per row, grammar size. A mask beyond them fails the sequence.
