@@ -119,7 +119,7 @@ MUTANTS = [
         "minigpt/loading/structured.py", "last = min(last * int(count[:31]), 10**30)", "last = min(int(count[:31]), 10**30)",
         "tests/test_constraint_limits.py"),
     bug("choice-as-a-regex-unescaped", "a choice's strings are literal text", "minigpt/loading/structured.py",
-        'return "|".join(re.sub(', 'return "|".join(choice for choice in value) or "|".join(re.sub(',
+        'return "|".join(choice.translate(LITERAL) for choice in value)', 'return "|".join(value)',
         "tests/test_constraint_limits.py"),
     bug("schema-true-not-any-json", "a JSON schema of true is any JSON", "minigpt/loading/structured.py",
         "return {} if value is True else value", "return value", "tests/test_constraint_limits.py"),

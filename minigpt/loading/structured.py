@@ -143,10 +143,13 @@ def compile_constraint(tokenizer: tiktoken.Encoding | None, kind: str, value: ob
     return Constraint(kind, matcher, first, ll.vocab_size, tokenizer.eot_token, eos_allowed)
 
 
+LITERAL = {ord(c): "\\" + c for c in "\\.+*?()|[]{}^$#&-~"}  # a regex's special characters, escaped
+
+
 def source(kind: str, value: object) -> str:
     """A checked constraint's text, as llguidance reads it: a choice is one regex of its strings."""
     if kind == "choice":
-        return "|".join(re.sub(r"[\\.+*?()|\[\]{}^$#&\-~]", r"\\\g<0>", choice) for choice in value)
+        return "|".join(choice.translate(LITERAL) for choice in value)
     return json.dumps(value) if kind == "json_schema" else value
 
 
