@@ -19,6 +19,10 @@ keys and values depend on its prefix alone, so a reused page holds bitwise what 
 write: tokens and log-probabilities are the same cold or warm, preempted or not, in any batch
 (docs/paging.md).
 
+A constrained sequence's next mask is computed on the engine's mask thread, apart from the steps: a
+sequence whose mask is not ready sits out the step, so that a costly grammar holds up its own
+sequence only (docs/logits-processing.md).
+
 Source: Inference Engineering (fanout.sh, inference-eng): the second fix of "The Autoregressive Loop & Cost".
 """
 
