@@ -20,6 +20,7 @@ from ..loading.loader import load
 from ..loading.model import Model
 from ..loading.tokenizer import encode, token_text, valid_text
 from ..loading.options import OPTIONS, check_options
+from ..loading.structured import MAX_CONSTRAINT_CHARS
 
 
 class UsageError(InputError):
@@ -69,6 +70,19 @@ def input_chunks(path: str, option: str) -> Iterator[bytes]:
                 chunk = source.read(CHUNK)
     except OSError as e:
         raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
+
+
+def read_text(path: str, option: str, limit: int, why: str) -> str:
+    """The UTF-8 text of the file at `path` (as input_chunks reads it), refused as soon as it passes
+    `limit` bytes (`why`: what that bound is), so that /dev/zero or a huge file is one usage error
+    after a bounded read, never read until memory runs out. Every file a command reads whole comes here."""
+    name, data = f"{option} {path!r}", bytearray()
+    for chunk in input_chunks(path, option):
+        data += chunk
+        if len(data) > limit:
+            size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit >> 10} KiB"
+            raise UsageError(f"{name} holds more than {size}, {why}")
+    return utf8_text(bytes(data), name)
 
 
 def utf8_text(data: bytes, name: str) -> str:
@@ -131,6 +145,7 @@ def id_and_value(text: str) -> tuple:
 
 METAVARS = {int: "N", float: "X", str: "TEXT", list: "TEXT", dict: "ID=BIAS"}
 FILES = {"json_schema": "FILE-or-JSON", "grammar": "FILE"}  # options whose flag names a file (or holds the JSON)
+MAX_CONSTRAINT_FILE_BYTES = 4 * MAX_CONSTRAINT_CHARS  # a UTF-8 character takes at most 4 bytes
 
 
 def add_request_options(p: argparse.ArgumentParser, batched: bool) -> None:
@@ -162,7 +177,8 @@ def request_options(args: argparse.Namespace) -> dict:
     for name in FILES.keys() & given.keys():
         text = given[name]
         if name != "json_schema" or not text.lstrip().startswith("{"):  # a schema's JSON is an object
-            given[name] = utf8_text(b"".join(input_chunks(text, OPTIONS[name].flag)), f"{OPTIONS[name].flag} {text!r}")
+            given[name] = read_text(text, OPTIONS[name].flag, MAX_CONSTRAINT_FILE_BYTES, "more than a constraint's "
+                                    f"{MAX_CONSTRAINT_CHARS:,} characters take")
     checked = check_options(given)
     return {name: checked[name] for name in given}
 

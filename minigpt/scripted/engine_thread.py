@@ -6,11 +6,14 @@ handed to it as Tickets through a deque (from any thread), it submits them, canc
 client left, runs `step()` in a loop (continuous batching over everything in flight) and after each
 step hands every choice that progressed an Update through its ticket's callback: its newly released
 tokens, or its result. An error inside a step fails that step's choices and is logged; the loop
-goes on. The HTTP side that feeds it is minigpt.scripted.serve (docs/serving.md).
+goes on. The HTTP side that feeds it is minigpt.scripted.serve (docs/serving.md), which prepares
+each request off its event loop first (`Preparation`: a thread each, given up when the server stops).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -30,6 +33,7 @@ from ..loop.sequence import GenerationResult, Request, StreamedToken
 
 log = logging.getLogger("minigpt.scripted.engine_thread")
 IDLE_POLL_SECONDS = 0.5  # an idle engine thread wakes this often to see whether it should stop
+PREPARING = 40  # requests prepared at once (each on a thread), as many as Starlette's worker threads
 
 
 @dataclass
@@ -185,3 +189,50 @@ class EngineThread:
             self.metrics.first_tokens(len(job.seq.request.prompt), job.cached_tokens, ticket.arrived)
         self.metrics.tokens(made, now - ticket.last if ticket.counted else 0.0)
         ticket.counted, ticket.last = len(job.seq.tokens), now
+
+
+def shutting_down() -> APIError:
+    return APIError("the server is shutting down", None, "shutting_down", 503, "server_error")
+
+
+class Preparation:
+    """What the HTTP side does before a request reaches the engine thread (a body checked, a
+    constraint compiled, /inspect's forward), off the event loop: each on a daemon thread of its
+    own, at most PREPARING at once. Once the server stops (`stop`) a preparation not done is answered
+    503; its thread goes on to the end of its work (bounded by the limits), unread, and the process
+    exits without waiting for it."""
+
+    def __init__(self):
+        self.stopped = asyncio.Event()
+        self.slots = asyncio.Semaphore(PREPARING)
+
+    def stop(self) -> None:
+        """Answer every preparation not done, and any begun later, 503 (on the event loop)."""
+        self.stopped.set()
+
+    async def run(self, work: Callable, *args):
+        """work(*args) on a thread of its own; its result, or its exception raised here."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def run() -> None:
+            try:
+                outcome = (work(*args), None)
+            except Exception as e:  # raised again on the event loop
+                outcome = (None, e)
+            with contextlib.suppress(RuntimeError):  # the loop closed first: nobody is waiting
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+
+        async with self.slots:
+            threading.Thread(target=run, name="minigpt-prepare", daemon=True).start()
+            stop = asyncio.ensure_future(self.stopped.wait())
+            try:
+                await asyncio.wait([done, stop], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+            if not done.done():
+                raise shutting_down()
+        result, error = done.result()
+        if error is not None:
+            raise error
+        return result

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from importlib.resources import files
 
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -44,7 +43,9 @@ def routes(service) -> list[Route]:
                 if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < limit:
                     raise APIError(f"{field} must be an integer in 0..{limit - 1}", field)
             try:
-                found = await run_in_threadpool(inspect, service.model, body.get("tokens"))
+                found = await service.preparation.run(inspect, service.model, body.get("tokens"))
+            except APIError:  # the server stopped first (503)
+                raise
             except MinigptError as e:
                 raise APIError(f"tokens: {e}", "tokens") from None
             return JSONResponse({"layer": body["layer"], "head": body["head"],
