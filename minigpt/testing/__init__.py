@@ -20,5 +20,6 @@ except ImportError as e:  # pragma: no cover (the extra is installed wherever th
     raise ImportError("minigpt.testing needs Hypothesis: pip install 'minigpt[testing]'") from e
 
 from .bits import assert_bitwise
+from .machine import EngineMachine
 
-__all__ = ["assert_bitwise"]
+__all__ = ["assert_bitwise", "EngineMachine"]
