@@ -17,8 +17,11 @@ import minigpt
 from minigpt.loading.checkpoint import load_checkpoint
 from minigpt.loading.options import OPTIONS, check_options
 from minigpt.loading.weights import params_to_tensors
-from minigpt.testing import assert_bitwise
+from minigpt.exact.kernels import EXACT, FAST
+from minigpt.gpt2.layers import PLAIN, Kernels, attend, attention_weights
+from minigpt.testing import assert_bitwise, check_kernels
 from minigpt.testing.bits import first_difference
+from minigpt.testing.kernels import blas_threads
 from minigpt.testing.strategies import DRAWN, checkpoints, models, options
 
 
@@ -35,8 +38,8 @@ def test_the_sign_of_zero_and_one_flipped_bit_are_differences_named_by_row_and_e
     b[2, 0] = np.nextafter(np.float32(0), np.float32(1))
     with pytest.raises(AssertionError) as e:
         assert_bitwise(a, b, what="logits")
-    assert str(e.value) == ("logits: 2 of 12 elements differ; rows differing: 2 of 3; the first at row 1, element 2 "
-                            "(1, 2): 0.0 (bits 0x0) != -0.0 (bits 0x80000000)")
+    assert str(e.value) == ("logits: 2 of 12 elements differ; rows differing: 2 of 3; the first at row 1, element 2: "
+                            "0.0 (bits 0x0) != -0.0 (bits 0x80000000)")
 
 
 @pytest.mark.parametrize("b", [np.zeros((2, 3), np.float64), np.zeros((3, 2), np.float32)], ids=["dtype", "shape"])
@@ -86,3 +89,33 @@ def test_minigpt_imports_and_generates_without_hypothesis_and_minigpt_testing_na
     assert out.returncode == 0, out.stderr
     tokens, message = out.stdout.splitlines()
     assert tokens.startswith("[") and message == "minigpt.testing needs Hypothesis: pip install 'minigpt[testing]'"
+
+
+def test_check_kernels_passes_the_exact_kernels():
+    check_kernels(EXACT, max_examples=15)
+
+
+def reader_s_own(x, w, b):
+    """A reader's linear map in plain NumPy: one product for all rows."""
+    return x @ w.T if b is None else x @ w.T + b
+
+
+@pytest.mark.parametrize("kernels", [FAST, PLAIN, Kernels("mine", reader_s_own, attend, attention_weights)],
+                         ids=["fast", "plain", "a reader's x @ w.T"])
+def test_check_kernels_fails_a_set_whose_rows_change_with_the_batch_giving_the_falsifying_example(kernels):
+    with pytest.raises(AssertionError) as e:
+        check_kernels(kernels, max_examples=50)
+    assert f"{kernels.name}.linear's row" in str(e.value) and "(bits 0x" in str(e.value)
+    assert "linear_row_alone_or_with_others(" in "\n".join(e.value.__notes__)  # the falsifying example
+
+
+def test_blas_threads_sets_openblas_s_count_and_gives_it_back():
+    from minigpt.testing.kernels import _openblas_threads
+
+    found = _openblas_threads()
+    if found is None:
+        pytest.skip("NumPy's BLAS here is not an OpenBLAS whose thread count can be set")
+    before = found[1]()
+    with blas_threads(1):
+        assert found[1]() == 1
+    assert found[1]() == before

@@ -20,6 +20,7 @@ except ImportError as e:  # pragma: no cover (the extra is installed wherever th
     raise ImportError("minigpt.testing needs Hypothesis: pip install 'minigpt[testing]'") from e
 
 from .bits import assert_bitwise
+from .kernels import check_kernels
 from .machine import EngineMachine
 
-__all__ = ["assert_bitwise", "EngineMachine"]
+__all__ = ["assert_bitwise", "check_kernels", "EngineMachine"]

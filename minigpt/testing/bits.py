@@ -31,9 +31,9 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> str | None:
     if not differs.any():
         return None
     i = tuple(int(k) for k in np.argwhere(differs)[0])
-    where = f"row {i[0]}, element {i[1:] if len(i) > 2 else i[1]}" if len(i) >= 2 else f"element {i[0]}" if i else "the value"
+    where = {0: "the value", 1: f"element {i[0]}" if i else "", 2: f"row {i[0]}, element {i[1]}" if len(i) == 2 else ""}
     rows = f"; rows differing: {int(differs.reshape(a.shape[0], -1).any(axis=1).sum())} of {a.shape[0]}" if a.ndim >= 2 else ""
-    return (f"{int(differs.sum())} of {a.size} elements differ{rows}; the first at {where} {i}: "
+    return (f"{int(differs.sum())} of {a.size} elements differ{rows}; the first at {where.get(a.ndim) or f'index {i}'}: "
             f"{a[i].item()!r} (bits {int(bits_a[i]):#x}) != {b[i].item()!r} (bits {int(bits_b[i]):#x})")
 
 
