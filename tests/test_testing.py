@@ -19,7 +19,11 @@ from minigpt.loading.options import OPTIONS, check_options
 from minigpt.loading.weights import params_to_tensors
 from minigpt.exact.kernels import EXACT, FAST
 from minigpt.gpt2.layers import PLAIN, Kernels, attend, attention_weights
-from minigpt.testing import assert_bitwise, check_kernels
+from minigpt.engine.drafters import ModelDrafter, NGramDrafter
+from minigpt.gpt2.config import GPT2Config
+from minigpt.loading.model import Model
+from minigpt.loading.weights import random_params
+from minigpt.testing import assert_bitwise, check_drafter, check_kernels
 from minigpt.testing.bits import first_difference
 from minigpt.testing.kernels import blas_threads
 from minigpt.testing.strategies import DRAWN, checkpoints, models, options
@@ -119,3 +123,45 @@ def test_blas_threads_sets_openblas_s_count_and_gives_it_back():
     with blas_threads(1):
         assert found[1]() == 1
     assert found[1]() == before
+
+
+SMALL = GPT2Config(vocab_size=24, n_positions=40, n_embd=8, n_layer=2, n_head=2, eos_token_id=23)
+SMALL_MODEL = Model(SMALL, random_params(SMALL, seed=5, scale=30.0))
+
+
+class RandomDrafter:
+    """Random guesses, nearly always wrong, never harmful."""
+
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    def propose(self, ids, k, options, rng):
+        return self.rng.integers(SMALL.vocab_size, size=k).tolist(), None
+
+    def accepted(self, n_positions):
+        pass
+
+
+class OneTooMany(RandomDrafter):
+    def propose(self, ids, k, options, rng):
+        return self.rng.integers(SMALL.vocab_size, size=k + 1).tolist(), None
+
+
+class UnnormalisedQ(RandomDrafter):
+    def propose(self, ids, k, options, rng):
+        drafts = self.rng.integers(SMALL.vocab_size, size=k).tolist()
+        return drafts, np.full((k, SMALL.vocab_size), 0.5)
+
+
+@pytest.mark.parametrize("drafter", [NGramDrafter(), ModelDrafter(SMALL_MODEL, SMALL.n_positions), RandomDrafter()],
+                         ids=["prompt lookup", "the model as its own draft", "random guesses"])
+def test_check_drafter_passes_drafters_that_keep_the_contract(drafter):
+    check_drafter(drafter, SMALL_MODEL, max_examples=15)
+
+
+@pytest.mark.parametrize("drafter, breach", [(OneTooMany(), "drafts where"), (UnnormalisedQ(), "sums to")],
+                         ids=["k + 1 drafts", "q not a distribution"])
+def test_check_drafter_names_a_breach_of_the_contract(drafter, breach):
+    with pytest.raises(AssertionError, match=breach) as e:
+        check_drafter(drafter, SMALL_MODEL, max_examples=15)
+    assert "every_proposal_keeps_the_contract(" in "\n".join(e.value.__notes__)

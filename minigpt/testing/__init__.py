@@ -21,6 +21,7 @@ except ImportError as e:  # pragma: no cover (the extra is installed wherever th
 
 from .bits import assert_bitwise
 from .kernels import check_kernels
+from .drafters import check_drafter
 from .machine import EngineMachine
 
-__all__ = ["assert_bitwise", "check_kernels", "EngineMachine"]
+__all__ = ["assert_bitwise", "check_kernels", "check_drafter", "EngineMachine"]
