@@ -14,6 +14,7 @@ prefix of them. docs/testing.md shows how to run it against a model of one's own
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 from hypothesis import event
 from hypothesis import strategies as st
@@ -26,6 +27,7 @@ from ..engine.scheduler import Job, Status
 from ..exact.kernels import EXACT
 from ..loading.model import Model
 from ..loading.requests import make_request
+from ..loading.weights import params_to_tensors
 from ..scripted.api import generate, score
 from .bits import assert_bitwise
 from .strategies import models, options, token_ids
@@ -49,6 +51,18 @@ def prompts(draw, config, largest: int, seen: list[list[int]]) -> list[int]:
     return base[:cut] + tail
 
 
+class Shown:
+    """A drawn model as a falsifying example shows it: its configuration and its weights' digest."""
+
+    def __init__(self, model: Model):
+        self.model = model
+
+    def __repr__(self) -> str:
+        digest = hashlib.blake2b(b"".join(w.tobytes() for w in params_to_tensors(self.model.params).values()),
+                                 digest_size=8).hexdigest()
+        return f"Model({self.model.config}, weights blake2b {digest})"
+
+
 class EngineMachine(RuleBasedStateMachine):
     """The Engine as a state machine; `EngineMachine.TestCase` runs it under pytest or unittest. A
     subclass sets what it runs on: `model` (a Model with the exact kernels, or a strategy of them),
@@ -65,7 +79,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def start(self, data):
-        self.gpt = self.model if isinstance(self.model, Model) else data.draw(self.model, label="model")
+        self.gpt = self.model if isinstance(self.model, Model) else data.draw(self.model.map(Shown), label="model").model
         assert self.gpt.kernels is EXACT, "the engine is exact with the exact kernels only"
         n = self.gpt.config.n_positions
         self.largest = data.draw(st.integers(min(PAGE + 1, n), n) | st.integers(1, n), label="largest request's positions")
