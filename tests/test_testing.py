@@ -165,3 +165,20 @@ def test_check_drafter_names_a_breach_of_the_contract(drafter, breach):
     with pytest.raises(AssertionError, match=breach) as e:
         check_drafter(drafter, SMALL_MODEL, max_examples=15)
     assert "every_proposal_keeps_the_contract(" in "\n".join(e.value.__notes__)
+
+
+def test_check_kernels_sees_a_linear_map_whose_bits_follow_the_blas_thread_count():
+    from minigpt.exact.attention import exact_attend, exact_weights
+    from minigpt.exact.linear import exact_linear
+    from minigpt.testing.kernels import _openblas_threads
+
+    found = _openblas_threads()
+    if found is None or found[1]() < 2:
+        pytest.skip("needs an OpenBLAS whose thread count can be set, running 2 threads or more")
+
+    def by_threads(x, w, b):  # exact, but for its last bit at more than one thread
+        y = exact_linear(x, w, b)
+        return np.nextafter(y, np.inf) if found[1]() > 1 else y
+
+    with pytest.raises(AssertionError, match="at 1 BLAS thread vs this process's count"):
+        check_kernels(Kernels("threads", by_threads, exact_attend, exact_weights), max_examples=5)

@@ -24,10 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ..gpt2.layers import Kernels
-from ..exact.tuning import Tuning, tuned
+from ..exact.tuning import OPENBLAS_SPLIT, Tuning, tuned
 from .bits import assert_bitwise
-
-OPENBLAS_SPLIT = 2 * 115_200 * 4  # weights: OpenBLAS splits a gemv between threads from 115,200 x 4 on
 
 cuts = st.builds(Tuning, one_row_block=st.integers(1, 2**23), multi_row_block=st.integers(1, 2**22),
                  shared_block=st.integers(1, 2**21), shared_rows=st.integers(1, 20), gemm_rows=st.integers(1, 20))
@@ -100,7 +98,7 @@ def check_kernels(kernels: Kernels, max_examples: int = 50) -> None:
     @run
     @given(rows=st.integers(1, 4), n_in=st.integers(64, 512), seed=st.integers(0, 2**32 - 1))
     def linear_rows_at_any_thread_count(rows, n_in, seed):
-        n_out = -(-OPENBLAS_SPLIT // n_in)  # large enough for OpenBLAS to split it between threads
+        n_out = -(-2 * OPENBLAS_SPLIT // n_in)  # weights enough for OpenBLAS to split a product between threads
         x, w = _arrays(seed, 1.0, (rows, n_in), (n_out, n_in))
         y = kernels.linear(x, w, None)
         with blas_threads(1):

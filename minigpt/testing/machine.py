@@ -30,25 +30,7 @@ from ..loading.requests import make_request
 from ..loading.weights import params_to_tensors
 from ..scripted.api import generate, score
 from .bits import assert_bitwise
-from .strategies import models, options, token_ids
-
-
-@st.composite
-def prompts(draw, config, largest: int, seen: list[list[int]]) -> list[int]:
-    """A prompt of at most `largest` ids: new, or cut from a sequence seen (a prompt, or one with its
-    generated tokens, whose pages are cached) at a page boundary or anywhere, whole, or extended."""
-    kind = draw(st.sampled_from(["new", "prefix", "whole", "extended"] if seen else ["new"]), label="prompt")
-    def length(most: int) -> st.SearchStrategy[int]:  # any, or whole pages
-        return st.integers(1, most) | st.integers(1, max(most // PAGE, 1)).map(lambda n: min(n * PAGE, most))
-    if kind == "new":
-        n = draw(length(largest), label="length")
-        return draw(token_ids(config, min_size=n, max_size=n), label="ids")
-    base = draw(st.sampled_from(seen), label="base")[:largest]
-    if kind == "whole":
-        return base
-    cut = draw(length(len(base)), label="cut")
-    tail = [] if kind == "prefix" else draw(token_ids(config, 0, largest - cut), label="tail")
-    return base[:cut] + tail
+from .strategies import models, options, prompts
 
 
 class Shown:
@@ -82,10 +64,11 @@ class EngineMachine(RuleBasedStateMachine):
         self.gpt = self.model if isinstance(self.model, Model) else data.draw(self.model.map(Shown), label="model").model
         assert self.gpt.kernels is EXACT, "the engine is exact with the exact kernels only"
         n = self.gpt.config.n_positions
-        self.largest = data.draw(st.integers(min(PAGE + 1, n), n) | st.integers(1, n), label="largest request's positions")
+        self.largest = data.draw(st.integers(min(PAGE + 1, n), n) | st.integers(1, n), label="largest request")
         pool = pages_for(self.largest) + data.draw(self.spare_pages, label="spare pages")
-        self.engine = Engine(self.gpt, max_batch_size=data.draw(self.max_batch_sizes, label="max_batch_size"),
-                             kv_cache_tokens=pool * PAGE, prefix_cache=data.draw(st.sampled_from([True, True, False]), label="prefix cache"))
+        batch = data.draw(self.max_batch_sizes, label="max_batch_size")
+        prefix_cache = data.draw(st.sampled_from([True, True, False]), label="prefix cache")
+        self.engine = Engine(self.gpt, max_batch_size=batch, kv_cache_tokens=pool * PAGE, prefix_cache=prefix_cache)
         self.jobs: list[Job] = []
         self.asked: dict[Job, tuple] = {}  # job -> (its request's keywords, prompt_logprobs, speculate alone)
         self.ended: set[Job] = set()
@@ -183,7 +166,8 @@ class EngineMachine(RuleBasedStateMachine):
         cached = set(pool.cached)
         assert list(pool.refs) == holders, f"reference counts {list(pool.refs)} != holders {holders}"
         assert not free & held and not free & cached and not held & cached, "a page in two states"
-        assert free | held | cached == set(range(pool.n_pages)), f"pages lost: {set(range(pool.n_pages)) - free - held - cached}"
+        lost = set(range(pool.n_pages)) - free - held - cached
+        assert not lost, f"pages neither free, held nor cached: {lost}"
         assert cached <= set(pool.keys) and set(pool.by_hash.values()) == set(pool.keys), "cache maps disagree"
         stats = self.engine.stats()
         assert (stats["pages_in_use"], stats["pages_cached"], stats["pages_free"]) == (len(held), len(cached), len(free))

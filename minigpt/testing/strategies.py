@@ -115,6 +115,24 @@ def token_ids(draw, config: GPT2Config, min_size: int = 1, max_size: int | None 
 
 
 @st.composite
+def prompts(draw, config, largest: int, seen: list[list[int]]) -> list[int]:
+    """A prompt of at most `largest` ids: new, or cut from a sequence seen (a prompt, or one with its
+    generated tokens, whose pages are cached) at a page boundary or anywhere, whole, or extended."""
+    kind = draw(st.sampled_from(["new", "prefix", "whole", "extended"] if seen else ["new"]), label="prompt")
+    def length(most: int) -> st.SearchStrategy[int]:  # any, or whole pages
+        return st.integers(1, most) | st.integers(1, max(most // PAGE, 1)).map(lambda n: min(n * PAGE, most))
+    if kind == "new":
+        n = draw(length(largest), label="length")
+        return draw(token_ids(config, min_size=n, max_size=n), label="ids")
+    base = draw(st.sampled_from(seen), label="base")[:largest]
+    if kind == "whole":
+        return base
+    cut = draw(length(len(base)), label="cut")
+    tail = [] if kind == "prefix" else draw(token_ids(config, 0, largest - cut), label="tail")
+    return base[:cut] + tail
+
+
+@st.composite
 def chunkings(draw, length: int) -> list[int]:
     """Chunk sizes summing to `length`: a prefill cut anywhere into chunks, then single-token steps."""
     prefill = draw(st.integers(1, length))
