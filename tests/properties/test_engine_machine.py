@@ -27,6 +27,9 @@ class TextModels(EngineMachine):
 
 
 TestTheEngineKeepsItsPagesAndJobsConsistentAndEveryResultBitwiseAlone = SmallModels.TestCase
+# the runs are cheap, and the rarer interleavings (a scored prefill replacing a held page) need many
+TestTheEngineKeepsItsPagesAndJobsConsistentAndEveryResultBitwiseAlone.settings = settings(
+    max_examples=3 * settings.default.max_examples)
 TestTheEngineWithStopStringsAndConstraintsKeepsEveryResultBitwiseAlone = TextModels.TestCase
 # GPT-2's vocabulary makes every step and every run alone some 10x dearer: a fifth of the examples
 TestTheEngineWithStopStringsAndConstraintsKeepsEveryResultBitwiseAlone.settings = settings(
