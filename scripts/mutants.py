@@ -44,6 +44,7 @@ def bug(name: str, claim: str, file: str, snippet: str, replacement: str, *tests
 
 LAYERS, SAMPLING = "minigpt/gpt2/layers.py", "minigpt/loop/sampling.py"
 REFERENCES = "tests/properties/test_references.py"
+MACHINE = "tests/properties/test_engine_machine.py"
 MUTANTS = [
     # part 1: GPT-2 plainly
     bug("gelu-constant", "GELU is GPT-2's tanh approximation", LAYERS,
@@ -135,6 +136,21 @@ MUTANTS = [
         "tests/test_engine.py", "tests/properties/test_engine_exactness.py", "tests/properties/test_prefix_cache_exactness.py"),
     bug("preempt-the-oldest", "the newest running sequence is preempted first", "minigpt/engine/scheduler.py",
         "victim = self.running.pop()", "victim = self.running.pop(0)", "tests/test_batching.py", "tests/test_engine.py"),
+    bug("forget-frees-a-held-page", "a page is given back once, when its last holder lets go", "minigpt/engine/paging.py",
+        "        if self.cached.pop(page, False) is None:\n            self.free[page] = True",
+        "        self.cached.pop(page, None)\n        self.free[page] = True", MACHINE),
+    bug("cancel-only-running", "a cancelled job leaves at the next step, waiting or running, its pages dropped",
+        "minigpt/engine/scheduler.py", "finished = [job for job in [*self.waiting, *self.running] if job.finished]",
+        "finished = [job for job in self.running if job.finished]", MACHINE),
+    bug("unadmitted-keeps-cached-pages", "a job that cannot be admitted lets go of the cached pages it took, so that "
+        "its next admission takes each once", "minigpt/engine/scheduler.py",
+        "            if not self.pool.grow(job.cache, len(ids)):\n                self._release(job)\n",
+        "            if not self.pool.grow(job.cache, len(ids)):\n", MACHINE,
+        "tests/test_engine.py::test_a_preempted_sequence_holds_nothing_and_gets_its_tokens_alone"),
+    bug("every-page-of-the-prompt-cached", "however much of a prompt is cached, its last id is fed",
+        "minigpt/engine/scheduler.py", "return chained_hashes(self.root, ids, 0, (len(ids) - 1) // PAGE)",
+        "return chained_hashes(self.root, ids, 0, len(ids) // PAGE)", MACHINE,
+        "tests/test_engine.py::test_a_warm_prompt_takes_its_full_pages_before_its_last_token_from_the_cache"),
     bug("speculative-accept-always", "a draft is accepted with probability min(1, p/q)", "minigpt/engine/speculative.py",
         "if rng.random() * q[draft] < p[draft]:", "if rng.random() * q[draft] <= q[draft]:",
         "tests/test_speculative.py"),

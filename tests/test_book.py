@@ -92,8 +92,8 @@ def test_the_readme_table_lists_the_tree_s_parts_and_modules_in_its_order():
             part = int(re.match(r"\**(\d+)\.", cells[0].lstrip("*"))[1])
         for target in re.findall(r"\]\(minigpt/([\w/]+?)(?:\.py|/)\)", cells[1]):
             rows.append((part, tuple(target.split("/")) if "/" in target else (target, target)))
-    tree = [(number, (package, module)) for package, number in parts() for module in modules_of(package)
-            if package != "cli"] + [(7, ("cli", "cli"))]
+    tree = [(number, (package, module) if package != "cli" else ("cli", "cli")) for package, number in parts()
+            for module in (modules_of(package) if package != "cli" else ["cli"])]
     assert rows == tree
 
 
