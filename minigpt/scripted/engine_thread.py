@@ -58,6 +58,7 @@ class Ticket:
     started: bool = False
     arrived: float = 0.0  # time.monotonic() when the engine thread took it
     counted: int = 0  # tokens already counted in the metrics
+    prefill_counted: bool = False  # its prompt counted in the metrics
     last: float = 0.0  # when the last of them was
 
 
@@ -178,12 +179,16 @@ class EngineThread:
                 ticket.deliver(Update(job.index, records, job.result() if first else None))
 
     def count(self, job: Job, ticket: Ticket) -> None:
-        """The metrics of the tokens a choice made since it was last counted."""
+        """The metrics of a choice's prompt once it is computed, and of the tokens it made since it
+        was last counted."""
         made = len(job.seq.tokens) - ticket.counted
+        if not ticket.prefill_counted and (job.prefilled or made > 0):
+            self.metrics.prefilled(len(job.seq.request.prompt), job.cached_tokens)
+            ticket.prefill_counted = True
         if made <= 0:
             return
         now = time.monotonic()
         if not ticket.counted:
-            self.metrics.first_tokens(len(job.seq.request.prompt), job.cached_tokens, ticket.arrived)
+            self.metrics.first_token(ticket.arrived)
         self.metrics.tokens(made, now - ticket.last if ticket.counted else 0.0)
         ticket.counted, ticket.last = len(job.seq.tokens), now
