@@ -15,23 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from commands import run
+
 import minigpt
 from minigpt.cli import inspect as inspect_command
-from minigpt.cli import main, pictures
+from minigpt.cli import pictures
 from minigpt.errors import ContextLengthError
 from minigpt.exact import inspection
 from minigpt.scripted import api
 
 IDS = [464, 3290, 4966, 284, 262, 3952, 290, 788, 13, 198, 464]
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as e:  # argparse's usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def png_size(path) -> tuple[int, int]:

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
+from commands import run
+
 import minigpt
-from minigpt.cli import main
 from minigpt.errors import InputError
 from minigpt.loading.options import check_options, from_json
 
@@ -24,14 +25,6 @@ CASES = [  # keys, a phrase of the error
     (["5_0"], "has the key '5_0': a token id is an integer >= 0"),  # int() would read 50
     ([" 5"], "has the key ' 5': a token id is an integer >= 0"),
 ]
-
-
-def run(capsys, *argv: str) -> tuple[int, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as e:  # argparse's usage errors
-        code = e.code
-    return code, capsys.readouterr().err
 
 
 def test_keys_with_leading_zeros_name_the_token_their_digits_do(tiny_model):
@@ -50,12 +43,12 @@ def test_a_json_key_that_is_no_single_token_id_is_an_error_naming_logit_bias(key
 @pytest.mark.parametrize("keys, words", CASES)
 def test_the_command_line_s_logit_bias_flags_are_read_as_json_s_keys_are(capsys, keys, words):
     argv = [arg for key in keys for arg in ("--logit-bias", f"{key}=1")]
-    code, err = run(capsys, "generate", "hi", "--model", "random-tiny", "--max-new-tokens", "1", *argv)
+    code, _, err = run(capsys, "generate", "hi", "--model", "random-tiny", "--max-new-tokens", "1", *argv)
     assert code == 2 and err.startswith("error: argument --logit-bias: ") and words in err and "Traceback" not in err
 
 
 def test_the_same_token_twice_on_the_command_line_is_refused_not_the_last_winning(capsys):
-    code, err = run(capsys, "generate", "hi", "--model", "random-tiny", "--logit-bias", "11=5", "--logit-bias", "11=-5")
+    code, _, err = run(capsys, "generate", "hi", "--model", "random-tiny", "--logit-bias", "11=5", "--logit-bias", "11=-5")
     assert code == 2 and "names token 11 twice" in err
 
 
@@ -63,7 +56,7 @@ def test_the_same_token_twice_on_the_command_line_is_refused_not_the_last_winnin
 def test_a_batch_line_s_logit_bias_keys_are_refused_naming_the_line(capsys, tmp_path, keys, words):
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text(json.dumps({"prompt": "hi", "logit_bias": {key: 1 for key in keys}}) + "\n")
-    code, err = run(capsys, "batch", str(source), "-o", str(target), "--model", "random-tiny")
+    code, _, err = run(capsys, "batch", str(source), "-o", str(target), "--model", "random-tiny")
     assert code == 2 and "line 1: logit_bias " in err and words in err and not target.exists()
 
 

@@ -6,43 +6,12 @@ generation runs starts no second one (the tokens shown are one generation's, as 
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-
-import pytest
-
-from serving import running_server
+from browser import page_of
+from serving import model  # noqa: F401 (a fixture)
 
 import minigpt
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[browser]')")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("no Chromium to drive: apt-get install chromium (.ci/run does)", allow_module_level=True)
-
 DONE = "document.getElementById('status').textContent.startsWith('done')"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return minigpt.load("random-tiny")
-
-
-@contextlib.contextmanager
-def page_of(model):
-    """A browser page on a served random-tiny, and the console's errors and warnings (none expected)."""
-    problems: list[str] = []
-    with running_server(model) as (_, url), sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
-            page.on("pageerror", lambda e: problems.append(str(e)))
-            page.goto(url + "/")
-            page.wait_for_function("document.querySelector('#stats dd') !== null")
-            yield page, problems
-        finally:
-            browser.close()
 
 
 def generated(page) -> list[tuple[int, str]]:
@@ -58,9 +27,9 @@ def generate_greedily(page, prompt: str, tokens: int) -> None:
 
 
 @pytest.mark.parametrize("prompt", ["Hi \U0001F600\u200f! \u05e9\u05dc\u05d5\u05dd \u200e(ok)", "\u200f", "a\u0301 \U0001F469\u200d\U0001F52C"])
-def test_a_prompt_with_emoji_and_right_to_left_marks_shows_exactly_as_typed(model, prompt):
+def test_a_prompt_with_emoji_and_right_to_left_marks_shows_exactly_as_typed(model, prompt):  # noqa: F811
     alone = minigpt.generate(model, minigpt.encode(model.tokenizer, prompt), 6)
-    with page_of(model) as (page, problems):
+    with page_of(model) as (_, page, problems):
         generate_greedily(page, prompt, 6)
         page.wait_for_function(DONE, timeout=60_000)
         shown = page.eval_on_selector_all("#output span.token.prompt", "spans => spans.map(s => s.textContent)")
@@ -71,9 +40,9 @@ def test_a_prompt_with_emoji_and_right_to_left_marks_shows_exactly_as_typed(mode
     assert [i for i, _ in made] == alone.tokens and problems == []
 
 
-def test_an_empty_prompt_is_served_as_the_api_serves_it_and_its_attention_shows(model):
+def test_an_empty_prompt_is_served_as_the_api_serves_it_and_its_attention_shows(model):  # noqa: F811
     alone = minigpt.generate(model, [], 6, temperature=1.0, seed=3)  # from <|endoftext|>, as the API serves ""
-    with page_of(model) as (page, problems):
+    with page_of(model) as (_, page, problems):
         page.fill("#prompt", "")
         page.fill("#max-tokens", "6")
         page.fill("#temperature", "1")
@@ -91,10 +60,10 @@ def test_an_empty_prompt_is_served_as_the_api_serves_it_and_its_attention_shows(
     assert shaded == [True, True] + [False] * (len(made) - 2) and problems == []
 
 
-def test_ctrl_enter_during_a_generation_starts_no_second_one(model):
+def test_ctrl_enter_during_a_generation_starts_no_second_one(model):  # noqa: F811
     prompt = "The dog ran to the"
     alone = minigpt.generate(model, minigpt.encode(model.tokenizer, prompt), 60, stop_at_eos=False)
-    with page_of(model) as (page, problems):
+    with page_of(model) as (_, page, problems):
         page.fill("#prompt", prompt)
         page.fill("#max-tokens", "60")
         page.fill("#temperature", "0")

@@ -13,21 +13,14 @@ import sys
 
 import pytest
 
-from minigpt.cli import main, pictures
+from commands import run
+
+from minigpt.cli import pictures
 
 pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
 from matplotlib.figure import Figure  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as e:  # argparse's usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def interrupted_savefig(self, file, **kwargs):
