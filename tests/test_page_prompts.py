@@ -6,6 +6,8 @@ generation runs starts no second one (the tokens shown are one generation's, as 
 
 from __future__ import annotations
 
+import pytest
+
 from browser import page_of
 from serving import model  # noqa: F401 (a fixture)
 

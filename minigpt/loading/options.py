@@ -25,8 +25,9 @@ from ..loop.sampling import MAX_TOP_LOGPROBS
 from .structured import check_value, one_constraint
 
 MAX_BIAS, MAX_PENALTY = 100, 2  # OpenAI's bounds on logit_bias and on the presence and frequency penalties
-# The repetition penalty's (the help and messages say them as [1e-100, 1e100]): a float32 logit (< 3.5e38) plus a bias, divided or multiplied by it, stays
-# below 1e139, far inside float64, so no penalised logit is infinite (docs/logits-processing.md).
+# The repetition penalty's (the help and messages say [1e-100, 1e100]): a float32 logit (< 3.5e38) plus a
+# bias, divided or multiplied by it, stays below 1e139, far inside float64, so no penalised logit is
+# infinite and nothing after it makes a NaN (docs/logits-processing.md).
 MIN_REPETITION, MAX_REPETITION = 1e-100, 1e100
 
 

@@ -11,7 +11,7 @@ from importlib.resources import files
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HTTPRequest
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import MinigptError
