@@ -127,6 +127,12 @@ MUTANTS = [
     bug("json-free-whitespace", "constrained JSON is laid out as json.dumps lays it out", "minigpt/loading/structured.py",
         'JSON_LAYOUT = {"whitespace_flexible": False,', 'JSON_LAYOUT = {"whitespace_flexible": True,',
         "tests/test_structured.py"),
+    bug("repetition-penalty-unbounded", "no value the controls' checks accept makes a logit infinite or NaN",
+        "minigpt/loading/options.py", "number(lambda v: MIN_REPETITION <= v <= MAX_REPETITION",
+        "number(lambda v: 0 < v < math.inf", "tests/properties/test_controls_finite.py", "tests/test_numerical_failures.py"),
+    bug("logit-bias-same-token-twice", "logit_bias has one key per token (\"05\" and \"5\" are one token)",
+        "minigpt/loading/options.py", "        if token in named:\n", "        if False:\n",
+        "tests/test_logit_bias_keys.py"),
     # part 6: the engine
     bug("prefix-hash-parent", "a cached page is reused only under the same whole prefix", "minigpt/engine/paging.py",
         "        parent = page_hash(parent, page_tokens(ids, i))", "        parent = page_hash(b\"\", page_tokens(ids, i))",
@@ -165,6 +171,9 @@ MUTANTS = [
     bug("engine-takes-another-thread", "one engine is driven from one thread at a time", "minigpt/engine/engine.py",
         "            if not mine and self._driver is not None:", "            if False:",
         "tests/test_engine.py"),
+    bug("overflow-fails-the-batch", "a sequence whose weights overflow fails alone, the batch goes on",
+        "minigpt/engine/scheduler.py", "except (InputError, NumericalError) as e:", "except InputError as e:",
+        "tests/test_numerical_failures.py"),
     # part 7: scripted use
     bug("preparation-outlives-the-stop", "a request still being prepared at SIGTERM is answered 503 after the grace period",
         "minigpt/scripted/engine_thread.py", "await asyncio.wait([done, stop], return_when=asyncio.FIRST_COMPLETED)",
@@ -186,6 +195,16 @@ MUTANTS = [
     bug("kept-tuning-key-twice", "a kept tuning with a key twice is refused, not read as its last", "minigpt/exact/tuning.py",
         "kept = json.loads(data, object_pairs_hook=unique)", "kept = json.loads(data)",
         "tests/test_tuning.py"),
+    bug("metrics-prompt-at-first-token", "/metrics counts every prefilled prompt token, none made or not",
+        "minigpt/scripted/engine_thread.py", "(job.prefilled or made > 0)", "made > 0", "tests/test_metrics_prompts.py"),
+    bug("inspect-without-its-slot", "/inspect computes one request at a time", "minigpt/scripted/page.py",
+        "    with slot:\n        return function(*args)", "    return function(*args)",
+        "tests/test_inspect_bounds.py::test_the_server_s_inspect_computes_one_request_at_a_time_and_answers_a_429_beyond_those_it_holds"),
+    bug("page-generates-twice", "the page runs one generation at a time, whatever the key", "minigpt/scripted/page/page.js",
+        "  if (state.running) return;", "", "tests/test_page_prompts.py::test_ctrl_enter_during_a_generation_starts_no_second_one"),
+    # the commands
+    bug("picture-part-left-behind", "a picture is written whole or not at all", "minigpt/cli/pictures.py",
+        "            os.unlink(part)", "            pass", "tests/test_pictures_whole.py"),
 ]
 
 

@@ -26,7 +26,7 @@ BAD = {  # option -> a value its check refuses, and a word the message has
     "stop_at_eos": ("no", "True or False"), "stop": ("x", "a list of strings"),
     "top_logprobs": (21, "an integer in 0..20"), "logit_bias": ({5: 101}, "a number in [-100, 100]"),
     "presence_penalty": (2.5, "a number in [-2, 2]"), "frequency_penalty": (-3, "a number in [-2, 2]"),
-    "repetition_penalty": (0, "a finite number > 0"), "min_tokens": (-1, "an integer >= 0"),
+    "repetition_penalty": (0, "a number in [1e-100, 1e100]"), "min_tokens": (-1, "an integer >= 0"),
     "truncate_prompt": (1, "True or False"), "regex": (12, "must be a string"),
     "json_schema": (7, "must be a JSON schema"), "choice": ("yes", "a non-empty list of strings"),
     "grammar": (5, "must be a string"),
@@ -104,7 +104,7 @@ def test_the_relation_of_two_options_names_both(tiny_model):
 
 CLI_BAD = [("--top-k", "0", "must be an integer >= 1, got 0"), ("--top-k", "2.5", "got '2.5'"),
            ("--presence-penalty", "3", "must be a number in [-2, 2], got 3"),
-           ("--repetition-penalty", "0", "must be a finite number > 0, got 0"),
+           ("--repetition-penalty", "0", "must be a number in [1e-100, 1e100], got 0"),
            ("--logit-bias", "5=101", "gives token 5 the bias 101.0"),
            ("--logit-bias", "x=1", "has the key 'x'"), ("--min-tokens", "-1", "must be an integer >= 0")]
 

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
                 print_whole(json_text(as_json(ids[written], pending.pop(written), tokenizer)), out)
                 written += 1
     seconds = time.perf_counter() - clock
-    if args.plot is not None and samples:
+    if args.plot is not None and samples:  # no sample: said below, once the summary is out
         pictures.pool(samples, args.plot, f"{args.model}: {len(requests)} prompts, B = {engine.max_batch_size}, "
                                           f"{pool.n_pages} pages of 16 positions")
     print(f"{len(requests)} requests, {tokens:,} tokens, {seconds:.3f} s, {tokens / seconds:,.1f} tokens/s, "
@@ -154,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
           f"({binary(pool.peak_in_use * pool.page_bytes)} of keys and values), {preemptions} preemptions, "
           f"{cached:,} prompt tokens from the prefix cache",
           file=sys.stderr)
+    if args.plot is not None and not samples:  # the output is whole; the picture asked for is not there
+        raise MinigptError(f"--plot: nothing to draw, no engine step ran (no line generates or scores a token), "
+                           f"so {str(args.plot)!r} is not written")
     return 0
 
 

@@ -19,7 +19,7 @@ from ..exact.kernels import KERNELS
 from ..loading.loader import load
 from ..loading.model import Model
 from ..loading.tokenizer import encode, token_text, valid_text
-from ..loading.options import OPTIONS, check_options
+from ..loading.options import OPTIONS, by_token, check_options
 from ..loading.structured import MAX_CONSTRAINT_CHARS
 
 
@@ -136,11 +136,11 @@ def read_as(kind: type):
 
 
 def id_and_value(text: str) -> tuple:
-    """An argparse type for ID=VALUE (--logit-bias 50256=-100), each side read as a number if it is one."""
+    """An argparse type for ID=VALUE (--logit-bias 50256=-100), the value read as a number if it is one."""
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"must be ID=BIAS (a token id, =, a number), got {text}")
     token, _, value = text.partition("=")
-    return read_as(int)(token), read_as(float)(value)
+    return token, read_as(float)(value)  # the id as text, read as JSON's keys are (by_token)
 
 
 METAVARS = {int: "N", float: "X", str: "TEXT", list: "TEXT", dict: "ID=BIAS"}
@@ -173,7 +173,7 @@ def request_options(args: argparse.Namespace) -> dict:
     the option; the command words it as its flag): keyword -> value."""
     given = {name: getattr(args, name) for name in OPTIONS if getattr(args, name, None) is not None}
     if "logit_bias" in given:
-        given["logit_bias"] = dict(given["logit_bias"])  # the last ID=BIAS of an id wins
+        given["logit_bias"] = by_token(given["logit_bias"], "logit_bias")  # one ID=BIAS per token
     for name in FILES.keys() & given.keys():
         text = given[name]
         if name != "json_schema" or not text.lstrip().startswith("{"):  # a schema's JSON is an object

@@ -10,8 +10,8 @@ import contextlib
 import threading
 from typing import Callable, Iterator
 
-from ..errors import EngineBusyError, InputError, NumericalError, check_bool, check_int
-from ..loading.model import Model, check_model, named_overflow
+from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int
+from ..loading.model import Model, check_model, named_overflow, overflow
 from ..loading.options import takes_options
 from ..loading.requests import make_requests
 from ..loop.sequence import GenerationResult, Request
@@ -118,17 +118,11 @@ class Engine(Scheduler):
             self.check_fits(requests)
             jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
             mine = set(jobs)
-            try:
-                for job in named_overflow(self.gpt, self.run(on_step), lambda: []):  # the error has its sequence
-                    if job in mine and job.error is not None:  # its processing gave up mid-way: an error about it
-                        job.error.prompt = job.index
-                        raise job.error
-                    if job in mine:
-                        yield job.index, job.result()
-            except NumericalError as e:
-                if e.sequence not in mine:
-                    raise
-                raise NumericalError(f"prompt {e.sequence.index}: {e}", e.sequence) from None
+            for job in named_overflow(self.gpt, self.run(on_step), lambda: []):
+                if job in mine and job.error is not None:  # its weights overflowed, or its processing gave up
+                    raise failure(self.gpt, job)
+                if job in mine:
+                    yield job.index, job.result()
 
     def check_fits(self, requests: list[Request]) -> None:
         """InputError about kv_cache_tokens, naming (err.prompt) the first request that could never fit in the pool."""
@@ -138,3 +132,11 @@ class Engine(Scheduler):
                                  f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); "
                                  f"the pool holds {self.pool.n_pages * PAGE} ({{kv_cache_tokens}})",
                                  "kv_cache_tokens", prompt=i)
+
+
+def failure(gpt, job: Job) -> MinigptError:
+    """The error of a job that could not go on, about its prompt (err.prompt): an overflow names the
+    layer where it began, traced over the job's ids; a processing that gave up says why."""
+    error = overflow(gpt, job.error, job.seq.ids) if isinstance(job.error, NumericalError) else job.error
+    error.prompt = job.index
+    return error

@@ -38,7 +38,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, MinigptError, NumericalError
 from ..gpt2.forward import GPT2
 from .paging import PAGE, PageKey, PagedCache, PagePool, PageScores, chained_hashes, page_hash, page_tokens
 from ..exact.batched import forward_batch
@@ -70,7 +70,7 @@ class Job:
     cached_tokens: int = 0  # prompt positions whose keys and values came from the prefix cache
     scores: list = field(default_factory=list)  # per prompt position: (logprob, top) or None
     status: Status = Status.QUEUED
-    error: InputError | None = None  # why its request could not go on (it was cancelled then)
+    error: MinigptError | None = None  # why its request could not go on (it was cancelled then)
 
     @property
     def needs_prompt_scores(self) -> bool:
@@ -170,19 +170,18 @@ class Scheduler:
         clock = time.perf_counter()
         logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs],
                                [job.cache for job in jobs], [0 if job.needs_prompt_scores else 1 for job in jobs])
-        for job, rows in zip(jobs, logits):  # rows [T or 1, vocab]: each checked before any is used
-            check_finite(rows, job)
         produced = 0
-        for job, rows in zip(jobs, logits):
-            if job.needs_prompt_scores:
-                self._score_prompt(job, rows)
-            if not job.seq.done:
-                try:
+        for job, rows in zip(jobs, logits):  # rows [T or 1, vocab]
+            try:
+                check_finite(rows, job)  # the weights overflow on its ids
+                if job.needs_prompt_scores:
+                    self._score_prompt(job, rows)
+                if not job.seq.done:
                     job.seq.append(job.seq.choose(rows[-1]), rows[-1], time.perf_counter() - clock)
-                except InputError as e:  # its own processing gave up (a grammar beyond its library's limits):
-                    job.error, job.status = e, Status.CANCELLED  # it alone ends, the batch goes on
-                    continue
-                produced += 1
+                    produced += 1
+            except (InputError, NumericalError) as e:  # or its processing gave up (a grammar beyond its
+                job.error, job.status = e, Status.CANCELLED  # library's limits): it alone ends, the batch goes on
+                continue
             if self.prefix_cache:
                 self._register(job, rows)
             if job.status is Status.PREFILL:

@@ -65,11 +65,15 @@ class Metrics:
         self.itl = histogram("inter_token_latency_seconds", "Between consecutive tokens of a choice.", ITL_BUCKETS)
         self.seen_preemptions = 0
 
-    def first_tokens(self, prompt_tokens: int, cached_tokens: int, arrived: float) -> None:
-        """A choice was prefilled and made its first token (the engine thread)."""
+    def prefilled(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A choice's prompt was computed (and scored, if asked), whether or not it then made a token
+        (an echo with max_tokens 0 makes none) (the engine thread)."""
         self.prompt_tokens.inc(prompt_tokens)
         self.prefix_queries.inc(prompt_tokens)
         self.prefix_hits.inc(cached_tokens)
+
+    def first_token(self, arrived: float) -> None:
+        """A choice made its first token (the engine thread)."""
         self.ttft.observe(time.monotonic() - arrived)
 
     def tokens(self, n: int, since: float) -> None:
