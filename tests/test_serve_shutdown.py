@@ -35,7 +35,7 @@ def slowly(work):
     return slow
 
 minigpt.loading.requests.compile_constraint = slowly(minigpt.loading.requests.compile_constraint)
-minigpt.scripted.page.inspect = slowly(minigpt.scripted.page.inspect)
+minigpt.scripted.page.inspected = slowly(minigpt.scripted.page.inspected)
 """
 
 
