@@ -6,18 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from minigpt.cli import main
+from commands import run
+
 from minigpt.cli.common import MAX_CONSTRAINT_FILE_BYTES
 from minigpt.loading.structured import MAX_CONSTRAINT_CHARS
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as e:  # argparse's usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
