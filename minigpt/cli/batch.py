@@ -22,9 +22,8 @@ from tqdm import tqdm
 from ..loading.requests import check_against_model, make_request
 from ..engine.engine import Engine
 from ..loading.options import OPTIONS, check_options, from_json
-from ..errors import InputError, MinigptError, check_bool
+from ..errors import InputError, MinigptError, check_bool, unique_keys
 from ..loading.model import Model
-from ..loading.safetensors_format import unique_keys
 from ..loop.sequence import GenerationResult, Request
 from ..loading.tokenizer import valid_text
 from .common import (Stream, UsageError, add_model_options, add_request_options, encode_prompt, flags, input_chunks,

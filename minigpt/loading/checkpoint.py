@@ -25,12 +25,12 @@ import numpy as np
 
 from .checks import check_config
 from ..gpt2.config import GPT2Config
-from ..errors import CheckpointError, ConfigError, UnsafeCheckpointError
+from ..errors import CheckpointError, ConfigError, UnsafeCheckpointError, unique_keys
 from .files import is_file, kind, list_directory
 from ..gpt2.params import GPT2Params
 from .weights import BLOCK_TENSORS, expected_shapes, params_taking, params_to_tensors
 from .safetensors_format import (
-    ENCODINGS, ITEMSIZE, TensorInfo, atomic_write, read_header, read_safetensors, unique_keys, write_safetensors,
+    ENCODINGS, ITEMSIZE, TensorInfo, atomic_write, read_header, read_safetensors, write_safetensors,
 )
 
 CONFIG_FILE = "config.json"

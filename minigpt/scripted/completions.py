@@ -23,7 +23,7 @@ from typing import Iterator
 from ..loading.options import OPTIONS, from_json
 from ..loading.requests import make_request
 from ..loading.structured import CONSTRAINTS
-from ..errors import ContextLengthError, InputError, MinigptError, check_int
+from ..errors import ContextLengthError, InputError, MinigptError, check_int, unique_keys
 from ..loading.model import Model
 from ..loop.sampling import MAX_TOP_LOGPROBS
 from ..loop.sequence import GenerationResult, Request, StreamedToken
@@ -119,15 +119,6 @@ def parse_json(body: bytes) -> dict:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise APIError("the body holds a lone surrogate (an escape such as \\ud800 that is no Unicode text)") from None
-    return value
-
-
-def unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object's pairs as a dict; a key given twice is refused."""
-    value = dict(pairs)
-    if len(value) < len(pairs):
-        key = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
-        raise ValueError(f"the key {json.dumps(key)} appears twice in one object")
     return value
 
 
