@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 from tqdm import tqdm
 
 from ..loading.requests import check_against_model, make_request
-from ..engine.engine import Engine
+from ..engine.engine import MAX_BATCH_SIZE, Engine
 from ..loading.options import OPTIONS, check_options, from_json
 from ..errors import InputError, MinigptError, check_bool, unique_keys
 from ..loading.model import Model
@@ -36,7 +36,6 @@ from .staircase import check_plot_target, plot_path
 LINE_OPTIONS = tuple(name for name, option in OPTIONS.items() if option.batched)  # the request options
 KEYS = ("id", "prompt", "prompt_ids", "prompt_logprobs", *LINE_OPTIONS)
 SAMPLING_ONLY = ("top_k", "top_p", "seed")  # options that change nothing on a greedy line
-DEFAULT_MAX_BATCH_SIZE = 16
 # A line holds one prompt, which must fit in a context: 1,024 GPT-2 tokens of at most 128 bytes each are
 # 128 KiB, 768 KiB written as \u escapes; ids take 7 bytes each. Each line becomes a request checked
 # and kept before any work (a few kB), and 100,000 requests are hours of generation.
@@ -105,8 +104,8 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", default="-", metavar="OUTPUT",
                    help="JSON Lines file of results; - (the default) writes stdout")
     add_model_options(p)
-    p.add_argument("--max-batch-size", type=positive_int, default=DEFAULT_MAX_BATCH_SIZE, metavar="B",
-                   help=f"decode at most B sequences together (default {DEFAULT_MAX_BATCH_SIZE})")
+    p.add_argument("--max-batch-size", type=positive_int, default=MAX_BATCH_SIZE, metavar="B",
+                   help=f"decode at most B sequences together (default {MAX_BATCH_SIZE})")
     p.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="T",
                    help="the pool of keys and values holds T positions, in pages of 16 (default: B whole "
                         "contexts; at most one per prompt); when it runs short, sequences are preempted and "

@@ -20,7 +20,7 @@ from ..loading.options import takes_options
 from ..loading.requests import make_request
 from ..engine.drafters import check_speculation
 from ..engine.speculative import speculative_steps
-from ..engine.engine import Engine
+from ..engine.engine import MAX_BATCH_SIZE, Engine
 from . import scoring
 
 
@@ -107,7 +107,7 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
 
 
 @takes_options(batched=True)
-def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: int = 16,
+def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: int = MAX_BATCH_SIZE,
                    kv_cache_tokens: int | None = None, prefix_cache: bool = True, **options) -> list[GenerationResult]:
     """Generate for every prompt (a list of token-id lists), decoding up to `max_batch_size` of them
     together, on a one-shot Engine (prompts of one call share their prefixes). Returns the results
