@@ -14,6 +14,7 @@ from ..engine.engine import MAX_BATCH_SIZE, pool_positions
 from ..scripted.api import Engine
 from ..errors import MinigptError
 from ..gpt2.config import GPT2Config
+from ..loop.cost import gpt2_architecture, kv_bytes_per_token
 from .common import UsageError, add_model_options, checked, load_model, non_negative_int, positive_int
 
 DEFAULT_MAX_QUEUE = 256
@@ -46,7 +47,7 @@ def add_parser(sub) -> None:
 def check_pool(config: GPT2Config, args: argparse.Namespace) -> None:
     """Refuse a pool of keys and values larger than this machine's memory, naming the options."""
     positions = pool_positions(config.n_positions, args.max_batch_size, args.kv_cache_tokens)
-    needed = positions * 2 * config.n_layer * config.n_embd * 4  # float32 keys and values, every layer
+    needed = positions * kv_bytes_per_token(gpt2_architecture("model", config))
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needed > memory:
         raise UsageError(f"argument --max-batch-size/--kv-cache-tokens: a pool of {positions:,} positions needs "
