@@ -16,6 +16,7 @@ from typing import IO, Callable, Iterator
 
 from ..errors import InputError, MinigptError
 from ..exact.kernels import KERNELS
+from ..gpt2.config import GPT2_VOCAB_SIZE
 from ..loading.loader import load
 from ..loading.model import Model
 from ..loading.tokenizer import encode, token_text, valid_text
@@ -316,5 +317,5 @@ def encode_prompt(model: Model, text: str) -> list[int]:
     """The prompt's GPT-2 token ids; a model with another vocabulary has no tokenizer to use."""
     if model.tokenizer is None:
         raise InputError(f"this model's vocabulary has {model.config.vocab_size} tokens, not GPT-2's "
-                         "50257, so it has no tokenizer for a text prompt")
+                         f"{GPT2_VOCAB_SIZE}, so it has no tokenizer for a text prompt")
     return encode(model.tokenizer, text)

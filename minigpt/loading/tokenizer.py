@@ -20,10 +20,10 @@ import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from ..errors import InputError, TokenizerError, check_bool
+from ..gpt2.config import GPT2_VOCAB_SIZE
 from .files import is_file
 
 ENDOFTEXT = "<|endoftext|>"
-GPT2_VOCAB_SIZE = 50257  # 50,000 merges + 256 bytes + <|endoftext|>
 # (merges file, token -> id file) as tiktoken's download names them and as the hub repos do.
 BPE_FILE_PAIRS = (("vocab.bpe", "encoder.json"), ("merges.txt", "vocab.json"))
 PACKAGED_BPE = Path(__file__).resolve().parents[1] / "gpt2_bpe"
