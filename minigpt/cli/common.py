@@ -16,10 +16,9 @@ from typing import IO, Callable, Iterator
 
 from ..errors import InputError, MinigptError
 from ..exact.kernels import KERNELS
-from ..gpt2.config import GPT2_VOCAB_SIZE
 from ..loading.loader import load
 from ..loading.model import Model
-from ..loading.tokenizer import encode, token_text, valid_text
+from ..loading.tokenizer import encode, no_tokenizer, token_text, valid_text
 from ..loading.options import OPTIONS, by_token, check_options
 from ..loading.structured import MAX_CONSTRAINT_CHARS
 
@@ -316,6 +315,5 @@ def valid_strings(value):
 def encode_prompt(model: Model, text: str) -> list[int]:
     """The prompt's GPT-2 token ids; a model with another vocabulary has no tokenizer to use."""
     if model.tokenizer is None:
-        raise InputError(f"this model's vocabulary has {model.config.vocab_size} tokens, not GPT-2's "
-                         f"{GPT2_VOCAB_SIZE}, so it has no tokenizer for a text prompt")
+        raise InputError(no_tokenizer(model.config.vocab_size))
     return encode(model.tokenizer, text)

@@ -131,6 +131,12 @@ def token_text(tokenizer: tiktoken.Encoding, token: int) -> str:
 SURROGATE_ESCAPES = re.compile("([\udc80-\udcff]+)")
 
 
+def no_tokenizer(vocab_size: int) -> str:
+    """Why text cannot be encoded for a model whose vocabulary is not GPT-2's (model.tokenizer is None)."""
+    return (f"this model's vocabulary has {vocab_size} tokens, not GPT-2's {GPT2_VOCAB_SIZE}, "
+            "so it has no tokenizer for text")
+
+
 def encode(tokenizer: tiktoken.Encoding, text: str, *, special_tokens: bool = True) -> list[int]:
     """Encode text. A literal "<|endoftext|>" in it is the special token 50256, as Hugging Face's
     GPT-2 tokenizer makes it (documents joined by it read as separate documents); with

@@ -27,7 +27,7 @@ from ..errors import ContextLengthError, InputError, MinigptError, check_int, un
 from ..loading.model import Model
 from ..loop.sampling import MAX_TOP_LOGPROBS
 from ..loop.sequence import GenerationResult, Request, StreamedToken
-from ..loading.tokenizer import encode, token_text
+from ..loading.tokenizer import encode, no_tokenizer, token_text
 
 DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}  # OpenAI's, where they are not the library's
 MAX_N = 128  # OpenAI's bound on `n`
@@ -288,8 +288,7 @@ def encode_text(model: Model, text: str) -> list[int]:
     """A text's ids (minigpt.encode: "<|endoftext|>" in it is the special token, as OpenAI's and vLLM's
     GPT-2 tokenize it)."""
     if model.tokenizer is None:
-        raise APIError(f"this model's vocabulary has {model.config.vocab_size} tokens, not GPT-2's, so it has no "
-                       "tokenizer for text: send token ids", "prompt")
+        raise APIError(f"{no_tokenizer(model.config.vocab_size)}: send token ids", "prompt")
     return encode(model.tokenizer, text)
 
 
