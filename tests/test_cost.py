@@ -136,7 +136,7 @@ def test_gpt2_small_decode_step_is_about_twice_its_124m_parameters():
 
 
 def test_the_command_line_s_bound_on_tokens_keeps_every_ratio_finite():
-    """10**400 overflowed float64 in the ratios: the command line takes at most MAX_TOKENS."""
+    """10**400 overflows float64 in the ratios: the command line takes at most MAX_TOKENS."""
     assert math.isfinite(estimate(GPT2, MAX_TOKENS, MAX_TOKENS).ratio) and estimate(GPT2, MAX_TOKENS, MAX_TOKENS).ratio > 1
 
 

@@ -235,8 +235,8 @@ def signals_held() -> Iterator[None]:
 def print_whole(text: str, stream: Stream | None = None) -> None:
     """`text` and a newline written to `stream` (default stdout) to the last byte before any signal
     is acted on. A pipe whose reader is slow takes a long line in pieces, and a signal between two
-    pieces used to end the command with part of a line written (65,536 bytes of it); now every
-    output holds only whole lines, whatever the signal and the moment. A reader that stops reading
+    pieces would end the command with part of a line written (65,536 bytes of it); held signals make
+    every output hold only whole lines, whatever the signal and the moment. A reader that stops reading
     keeps the command waiting, as it would any writer; closing it ends the command."""
     with signals_held():
         (sys.stdout if stream is None else stream).write_whole(text + "\n")

@@ -3,7 +3,7 @@
 GPT-2's two BPE tables (`encoder.json`, `vocab.bpe`, OpenAI's files, MIT-licensed) ship inside the
 package (minigpt/gpt2_bpe/), so tokenizing never needs the network. Hugging Face checkpoints carry
 the same tables as `vocab.json` + `merges.txt` and `MINIGPT_BPE_DIR` can name a folder holding
-either pair; those come first (docs/tokenizer.md). Tables are read here, as they are now:
+either pair; those come first (docs/tokenizer.md). Tables are read here, as the files stand:
 tiktoken's own loader would keep a copy keyed by path in its download cache and never notice a
 changed file.
 """
@@ -144,7 +144,7 @@ def encode(tokenizer: tiktoken.Encoding, text: str, *, special_tokens: bool = Tr
 
     Undecodable bytes that Python carries as surrogate escapes (a command line's, a file name's)
     are encoded as themselves, one byte token each, so the ids hold the bytes given. tiktoken alone
-    would turn them into U+FFFD, as it still does with any other lone surrogate.
+    would turn them into U+FFFD, as it does any other lone surrogate.
     """
     if tokenizer is None:  # `model.tokenizer` of a model whose vocabulary is not GPT-2's
         raise TokenizerError("no tokenizer (None): the model's vocabulary is not GPT-2's, so it has no tokenizer "

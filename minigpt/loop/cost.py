@@ -133,7 +133,7 @@ def kv_bytes_per_token(arch: Architecture, dtype: str | None = None) -> int:
     return 2 * arch.n_layer * arch.n_kv_heads * arch.head_dim * DTYPE_BYTES[dtype or arch.dtype]
 
 
-MAX_TOKENS = 10 ** 15  # beyond any context; above it the ratios overflow float64 (reply 10**400 did)
+MAX_TOKENS = 10 ** 15  # beyond any context; above it the ratios can overflow float64 (a reply of 10**400 does)
 
 
 def estimate(arch: Architecture, prompt: int, reply: int, dtype: str | None = None) -> Cost:
