@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..loading.requests import check_against_model, make_request
 from ..engine.engine import MAX_BATCH_SIZE, Engine
+from ..engine.paging import PAGE
 from ..loading.options import OPTIONS, check_options, from_json
 from ..errors import InputError, MinigptError, check_bool, unique_keys
 from ..loading.model import Model
@@ -107,7 +108,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-batch-size", type=positive_int, default=MAX_BATCH_SIZE, metavar="B",
                    help=f"decode at most B sequences together (default {MAX_BATCH_SIZE})")
     p.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="T",
-                   help="the pool of keys and values holds T positions, in pages of 16 (default: B whole "
+                   help=f"the pool of keys and values holds T positions, in pages of {PAGE} (default: B whole "
                         "contexts; at most one per prompt); when it runs short, sequences are preempted and "
                         "recomputed exactly")
     p.add_argument("--no-prefix-cache", action="store_true",
@@ -146,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - clock
     if args.plot is not None and samples:  # no sample: said below, once the summary is out
         pictures.pool(samples, args.plot, f"{args.model}: {len(requests)} prompts, B = {engine.max_batch_size}, "
-                                          f"{pool.n_pages} pages of 16 positions")
+                                          f"{pool.n_pages} pages of {PAGE} positions")
     print(f"{len(requests)} requests, {tokens:,} tokens, {seconds:.3f} s, {tokens / seconds:,.1f} tokens/s, "
           f"peak {pool.peak_in_use:,} of {pool.n_pages:,} pages in use "
           f"({binary(pool.peak_in_use * pool.page_bytes)} of keys and values), {preemptions} preemptions, "

@@ -11,6 +11,7 @@ import logging
 import os
 
 from ..engine.engine import MAX_BATCH_SIZE, pool_positions
+from ..engine.paging import PAGE
 from ..scripted.api import Engine
 from ..errors import MinigptError
 from ..gpt2.config import GPT2Config
@@ -36,7 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-batch-size", type=positive_int, default=MAX_BATCH_SIZE, metavar="B",
                    help=f"decode at most B sequences together (default {MAX_BATCH_SIZE})")
     p.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="T",
-                   help="the pool of keys and values holds T positions, in pages of 16 (default: B whole contexts)")
+                   help=f"the pool of keys and values holds T positions, in pages of {PAGE} "
+                        "(default: B whole contexts)")
     p.add_argument("--max-queue", type=non_negative_int, default=DEFAULT_MAX_QUEUE, metavar="N",
                    help=f"at most N choices wait beyond the B running; more is a 429 (default {DEFAULT_MAX_QUEUE})")
     p.add_argument("--served-model-name", metavar="NAME",

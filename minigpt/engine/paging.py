@@ -1,4 +1,4 @@
-"""Paged KV memory: one pool of 16-position pages shared by many sequences, and the prefix cache.
+"""Paged KV memory: one pool of pages (PAGE positions each) shared by many sequences, and the prefix cache.
 
 A cache that reserves a sequence's whole context up front (kv_cache.new_cache) wastes the memory
 of every token the sequence never reaches. Serving engines (vLLM's PagedAttention) cut the memory
