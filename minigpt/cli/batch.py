@@ -202,7 +202,7 @@ def read_lines(path: str, name: str) -> Iterator[tuple[int, str]]:
         *complete, pending = (pending + chunk).split(b"\n")
         for at, raw in enumerate([*complete, pending], start=number + 1):
             if len(raw) > MAX_LINE_BYTES:
-                raise UsageError(f"{name} line {at} is longer than {MAX_LINE_BYTES:,} bytes (1 MiB): no "
+                raise UsageError(f"{name} line {at} is longer than {MAX_LINE_BYTES:,} bytes ({binary(MAX_LINE_BYTES)}): no "
                                  "prompt that fits in a context needs as many")
         for raw in complete:
             number += 1

@@ -64,9 +64,10 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     (minigpt.loop.processing). The sequence ends at <|endoftext|> (unless stop_at_eos=False), after
     max_new_tokens, or at the token completing the first of the `stop` strings in its new text (its
     `text` ends before the string; docs/sampling.md), neither within its first min_tokens tokens.
-    top_logprobs=N also records the N most likely tokens at each step (N at most 20).
-    `speculate` ("ngram", a draft Model or a Drafter) checks up to `draft_tokens` (default 4)
-    guessed tokens per step (minigpt.engine.speculative): greedy with the exact kernels, the tokens
+    top_logprobs=N also records the N most likely tokens at each step (N at most
+    minigpt.loop.sampling.MAX_TOP_LOGPROBS). `speculate` ("ngram", a draft Model or a Drafter) checks
+    up to `draft_tokens` (default minigpt.engine.drafters.DRAFT_TOKENS) guessed tokens per step
+    (minigpt.engine.speculative): greedy with the exact kernels, the tokens
     are plain greedy decoding's (the fast kernels' ULPs may break a near-tie otherwise); sampling,
     they follow the same distribution, though a seed gives other tokens. on_step(tokens so far,
     that token's seconds) is called after each token (a progress bar); its own time is not counted
