@@ -193,7 +193,7 @@ MUTANTS = [
         "minigpt/scripted/engine_thread.py", "ticket.counted, ticket.last = len(job.seq.tokens), now", "ticket.last = now",
         "tests/test_serve_machine.py"),
     bug("kept-tuning-key-twice", "a kept tuning with a key twice is refused, not read as its last", "minigpt/exact/tuning.py",
-        "kept = json.loads(data, object_pairs_hook=unique)", "kept = json.loads(data)",
+        "kept = json.loads(data, object_pairs_hook=unique_keys)", "kept = json.loads(data)",
         "tests/test_tuning.py"),
     bug("metrics-prompt-at-first-token", "/metrics counts every prefilled prompt token, none made or not",
         "minigpt/scripted/engine_thread.py", "(job.prefilled or made > 0)", "made > 0", "tests/test_metrics_prompts.py"),

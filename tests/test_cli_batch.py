@@ -202,7 +202,7 @@ BAD_LINES = [
     ('{"prompt_ids": [1], "seed": ' + "7" * 5000 + "}", [], "invalid JSON: Exceeds the limit (4300 digits)"),
     ({"prompt_ids": [1], "temperature": 10 ** 400}, [], "temperature must be a finite number >= 0, got 1000"),
     ({"prompt": 5}, [], 'prompt must be a string (token ids go in "prompt_ids"), got 5'),
-    ({"prompt": "The dog"}, [], "not GPT-2's 50257, so it has no tokenizer for a text prompt"),
+    ({"prompt": "The dog"}, [], "not GPT-2's 50257, so it has no tokenizer for text"),
     ({"prompt_ids": "1 2"}, [], "token ids must be integers, got the text"),
     ({"prompt_ids": [1, 2.0]}, [], "token id at index 1 is 2.0, not an integer"),
     ({"prompt_ids": [1, 300]}, [], "token id 300 at index 1 is outside [0, 300)"),

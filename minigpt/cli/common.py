@@ -18,7 +18,7 @@ from ..errors import InputError, MinigptError
 from ..exact.kernels import KERNELS
 from ..loading.loader import load
 from ..loading.model import Model
-from ..loading.tokenizer import encode, token_text, valid_text
+from ..loading.tokenizer import encode, no_tokenizer, token_text, valid_text
 from ..loading.options import OPTIONS, by_token, check_options
 from ..loading.structured import MAX_CONSTRAINT_CHARS
 
@@ -235,8 +235,8 @@ def signals_held() -> Iterator[None]:
 def print_whole(text: str, stream: Stream | None = None) -> None:
     """`text` and a newline written to `stream` (default stdout) to the last byte before any signal
     is acted on. A pipe whose reader is slow takes a long line in pieces, and a signal between two
-    pieces used to end the command with part of a line written (65,536 bytes of it); now every
-    output holds only whole lines, whatever the signal and the moment. A reader that stops reading
+    pieces would end the command with part of a line written (65,536 bytes of it); held signals make
+    every output hold only whole lines, whatever the signal and the moment. A reader that stops reading
     keeps the command waiting, as it would any writer; closing it ends the command."""
     with signals_held():
         (sys.stdout if stream is None else stream).write_whole(text + "\n")
@@ -315,6 +315,5 @@ def valid_strings(value):
 def encode_prompt(model: Model, text: str) -> list[int]:
     """The prompt's GPT-2 token ids; a model with another vocabulary has no tokenizer to use."""
     if model.tokenizer is None:
-        raise InputError(f"this model's vocabulary has {model.config.vocab_size} tokens, not GPT-2's "
-                         "50257, so it has no tokenizer for a text prompt")
+        raise InputError(no_tokenizer(model.config.vocab_size))
     return encode(model.tokenizer, text)

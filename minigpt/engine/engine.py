@@ -19,18 +19,29 @@ from .paging import PAGE, PagePool, pages_for
 from .scheduler import Job, Scheduler
 
 
+MAX_BATCH_SIZE = 16  # sequences decoded together, by default
+
+
+def pool_positions(n_positions: int, max_batch_size: int, kv_cache_tokens: int | None) -> int:
+    """The positions a pool holds: kv_cache_tokens, at most (and by default) a whole context per
+    place in the batch, all the batch can hold at once."""
+    most = max_batch_size * n_positions
+    return most if kv_cache_tokens is None else min(kv_cache_tokens, most)
+
+
 class Engine(Scheduler):
     """A page pool and continuous-batching scheduler that last across calls, with a prefix cache:
     full pages of keys and values are kept and reused by later requests that begin with the same
     tokens (minigpt.engine.scheduler). The pool holds kv_cache_tokens positions (default, and at most: a whole
     context per place in the batch); its memory is committed as pages are written."""
 
-    def __init__(self, model: Model, *, max_batch_size: int = 16, kv_cache_tokens: int | None = None,
+    def __init__(self, model: Model, *, max_batch_size: int = MAX_BATCH_SIZE, kv_cache_tokens: int | None = None,
                  prefix_cache: bool = True):
         check_model(model)
         max_batch_size = check_int(max_batch_size, "max_batch_size", 1)
-        most = max_batch_size * model.config.n_positions  # all the batch can hold at once
-        tokens = most if kv_cache_tokens is None else min(check_int(kv_cache_tokens, "kv_cache_tokens", 1), most)
+        if kv_cache_tokens is not None:
+            kv_cache_tokens = check_int(kv_cache_tokens, "kv_cache_tokens", 1)
+        tokens = pool_positions(model.config.n_positions, max_batch_size, kv_cache_tokens)
         try:
             pool = PagePool(model.config, pages_for(tokens))
         except (MemoryError, OSError, OverflowError, ValueError) as e:

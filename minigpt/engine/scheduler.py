@@ -1,4 +1,4 @@
-"""The engine: many requests decoded together on one page pool that lasts, each exactly as if alone.
+"""Continuous batching: many requests decoded together on one page pool that lasts, each exactly as if alone.
 
 Decoding one token reads every weight once; B sequences decoded in one forward share that read
 (docs/batching.md). The `Scheduler` runs a *continuous batch*: it keeps up to `max_batch_size`

@@ -85,7 +85,7 @@ def texts(value: object, name: str) -> tuple[str, ...]:
 
 def biases(value: object, name: str) -> dict[int, float]:
     """logit_bias: token id -> bias in [-MAX_BIAS, MAX_BIAS], as OpenAI's; None: {}. The ids are
-    checked against a model's vocabulary with it (minigpt.scripted.api.check_against_model)."""
+    checked against a model's vocabulary with it (minigpt.loading.requests.check_against_model)."""
     if value is None:
         return {}
     if not isinstance(value, dict):

@@ -20,7 +20,7 @@ from ..loading.options import takes_options
 from ..loading.requests import make_request
 from ..engine.drafters import check_speculation
 from ..engine.speculative import speculative_steps
-from ..engine.engine import Engine
+from ..engine.engine import MAX_BATCH_SIZE, Engine
 from . import scoring
 
 
@@ -64,9 +64,10 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     (minigpt.loop.processing). The sequence ends at <|endoftext|> (unless stop_at_eos=False), after
     max_new_tokens, or at the token completing the first of the `stop` strings in its new text (its
     `text` ends before the string; docs/sampling.md), neither within its first min_tokens tokens.
-    top_logprobs=N also records the N most likely tokens at each step (N at most 20).
-    `speculate` ("ngram", a draft Model or a Drafter) checks up to `draft_tokens` (default 4)
-    guessed tokens per step (minigpt.engine.speculative): greedy with the exact kernels, the tokens
+    top_logprobs=N also records the N most likely tokens at each step (N at most
+    minigpt.loop.sampling.MAX_TOP_LOGPROBS). `speculate` ("ngram", a draft Model or a Drafter) checks
+    up to `draft_tokens` (default minigpt.engine.drafters.DRAFT_TOKENS) guessed tokens per step
+    (minigpt.engine.speculative): greedy with the exact kernels, the tokens
     are plain greedy decoding's (the fast kernels' ULPs may break a near-tie otherwise); sampling,
     they follow the same distribution, though a seed gives other tokens. on_step(tokens so far,
     that token's seconds) is called after each token (a progress bar); its own time is not counted
@@ -107,7 +108,7 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
 
 
 @takes_options(batched=True)
-def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: int = 16,
+def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: int = MAX_BATCH_SIZE,
                    kv_cache_tokens: int | None = None, prefix_cache: bool = True, **options) -> list[GenerationResult]:
     """Generate for every prompt (a list of token-id lists), decoding up to `max_batch_size` of them
     together, on a one-shot Engine (prompts of one call share their prefixes). Returns the results

@@ -37,7 +37,7 @@ from .metrics import Metrics
 from ..errors import InputError, MinigptError
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult
-from ..loading.tokenizer import token_text
+from ..loading.tokenizer import no_tokenizer, token_text
 
 log = logging.getLogger("minigpt.scripted.serve")
 MAX_BODY_BYTES = 8 * 2**20  # a body beyond this is refused (413) before it is read in full
@@ -160,7 +160,7 @@ class Service:
 
     def tokenizer(self):
         if self.model.tokenizer is None:
-            raise APIError("this model's vocabulary is not GPT-2's: it has no tokenizer", None, "no_tokenizer")
+            raise APIError(no_tokenizer(self.model.config.vocab_size), None, "no_tokenizer")
         return self.model.tokenizer
 
     async def checked(self, request: HTTPRequest, answer) -> Response:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
-from ..gpt2.config import GPT2Config
+from ..gpt2.config import GPT2_VOCAB_SIZE, GPT2Config
 from ..gpt2.params import GPT2Params
 from ..exact.attention import PAGE
 from ..exact.causal_proof import record_forward
@@ -28,7 +28,7 @@ from ..loading.checkpoint import save_checkpoint
 from ..loading.model import Model
 from ..loading.options import MAX_BIAS, MAX_PENALTY, OPTIONS
 from ..loading.safetensors_format import ENCODINGS
-from ..loading.tokenizer import GPT2_VOCAB_SIZE, gpt2_tokenizer
+from ..loading.tokenizer import gpt2_tokenizer
 from ..loading.weights import expected_shapes, params_from_tensors, random_params
 from ..loop.sampling import MAX_TOP_LOGPROBS
 from ..engine.paging import pages_for

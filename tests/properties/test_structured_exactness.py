@@ -19,7 +19,7 @@ from minigpt.engine.paging import PAGE, pages_for
 from minigpt.engine.drafters import ModelDrafter, NGramDrafter
 from minigpt.engine.speculative import speculative_steps
 from minigpt.loading.model import Model
-from minigpt.loading.tokenizer import GPT2_VOCAB_SIZE
+from minigpt.gpt2.config import GPT2_VOCAB_SIZE
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
 from minigpt.engine.engine import Engine
