@@ -158,8 +158,9 @@ def test_no_test_module_imports_another_test_module():
     imports = []
     for path in sorted((ROOT / "tests").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)  # import test_x
+                     else [node.module or "", *(alias.name for alias in node.names)]  # from . import test_x
+                     if isinstance(node, ast.ImportFrom) else [])
             imports += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names
                         if name.rsplit(".", 1)[-1].startswith("test_")]
     assert imports == []
