@@ -25,8 +25,9 @@ HOST = "127.0.0.1"
 # The fixtures of the modules that drive a random-tiny server through the openai client: they import
 # model, served and client from here.
 @pytest.fixture(scope="module")
-def model(tokenizer):
-    return minigpt.load("random-tiny")
+def model(tiny_model, tokenizer):
+    """conftest's random-tiny, its tokenizer built: the served prompts are text."""
+    return tiny_model
 
 
 @pytest.fixture(scope="module")

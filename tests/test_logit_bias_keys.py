@@ -66,10 +66,10 @@ def test_an_api_key_too_long_to_print_is_refused_naming_its_size(tiny_model):
 
 
 @pytest.mark.parametrize("keys, words", CASES[:4])
-def test_the_server_answers_a_400_naming_logit_bias(keys, words):
+def test_the_server_answers_a_400_naming_logit_bias(keys, words, tiny_model, tokenizer):
     pytest.importorskip("starlette", reason="the serve extra is not installed (pip install -e '.[serve]')")
     from serving import post, running_server
-    with running_server(minigpt.load("random-tiny")) as (_, url):
+    with running_server(tiny_model) as (_, url):
         raw = "{" + ", ".join(f'"{key}": 1' for key in keys) + "}"
         status, _, body = post(url, "/v1/completions", None, raw=f'{{"prompt": "hi", "max_tokens": 1, '
                                                                  f'"logit_bias": {raw}}}'.encode())

@@ -11,7 +11,7 @@ import threading
 
 import numpy as np
 import pytest
-from test_api_errors import with_huge_position
+from checkpoints import with_huge_position
 
 import minigpt
 from minigpt.errors import InputError, NumericalError

@@ -10,8 +10,7 @@ import inspect
 import json
 
 import pytest
-from test_cli_batch import batch
-from test_cli_errors import cli
+from commands import batch, cli
 
 import minigpt
 from minigpt.cli import build_parser
@@ -52,12 +51,11 @@ def test_the_api_s_keywords_and_defaults_are_the_declaration_s():
     assert keywords(minigpt.Engine.generate, ("prompt_logprobs",)) == batched
 
 
-def test_a_keyword_the_api_does_not_take_is_python_s_type_error():
-    model = minigpt.load("random-tiny")
+def test_a_keyword_the_api_does_not_take_is_python_s_type_error(tiny_model):
     with pytest.raises(TypeError, match="generate\\(\\) got an unexpected keyword argument 'temprature'"):
-        minigpt.generate(model, [1], 1, temprature=1.0)
+        minigpt.generate(tiny_model, [1], 1, temprature=1.0)
     with pytest.raises(TypeError, match="truncate_prompt"):
-        minigpt.generate_batch(model, [[1]], 1, truncate_prompt=True)
+        minigpt.generate_batch(tiny_model, [[1]], 1, truncate_prompt=True)
 
 
 def command(name: str) -> argparse.ArgumentParser:

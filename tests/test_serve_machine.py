@@ -242,8 +242,8 @@ ServerMachine.TestCase.settings = settings(max_examples=8, stateful_step_count=1
 
 
 @pytest.fixture(autouse=True, scope="module")
-def model(tokenizer):
-    ServerMachine.model = minigpt.load("random-tiny")
+def model(tiny_model, tokenizer):
+    ServerMachine.model = tiny_model
 
 
 TestEveryAnswerIsItsChoiceAloneMetricsCountWhatWasServedNoPageIsLeft = ServerMachine.TestCase
