@@ -27,11 +27,10 @@ from ..errors import InputError, MinigptError, check_bool, unique_keys
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult, Request
 from ..loading.tokenizer import valid_text
-from .common import (Stream, UsageError, add_model_options, add_request_options, encode_prompt, flags, input_chunks,
-                     json_text, load_model, positive_int, print_whole, request_options, top_logprobs_json, utf8_text,
-                     worded)
+from .common import (Stream, UsageError, add_model_options, add_request_options, binary, encode_prompt, flags,
+                     input_chunks, json_text, load_model, positive_int, print_whole, request_options,
+                     top_logprobs_json, utf8_text, worded)
 from . import pictures
-from .cost import binary
 from .staircase import check_plot_target, plot_path
 
 LINE_OPTIONS = tuple(name for name, option in OPTIONS.items() if option.batched)  # the request options

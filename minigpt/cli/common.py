@@ -72,6 +72,14 @@ def input_chunks(path: str, option: str) -> Iterator[bytes]:
         raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
 
 
+def binary(n: float) -> str:
+    """A byte count in KiB / MiB / GiB (powers of 1024), as memory is sized."""
+    for prefix, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:,.4g} {prefix}"
+    return f"{n:g} B"
+
+
 def read_text(path: str, option: str, limit: int, why: str) -> str:
     """The UTF-8 text of the file at `path` (as input_chunks reads it), refused as soon as it passes
     `limit` bytes (`why`: what that bound is), so that /dev/zero or a huge file is one usage error
@@ -80,8 +88,7 @@ def read_text(path: str, option: str, limit: int, why: str) -> str:
     for chunk in input_chunks(path, option):
         data += chunk
         if len(data) > limit:
-            size = f"{limit >> 20} MiB" if limit % (1 << 20) == 0 else f"{limit >> 10} KiB"
-            raise UsageError(f"{name} holds more than {size}, {why}")
+            raise UsageError(f"{name} holds more than {binary(limit)}, {why}")
     return utf8_text(bytes(data), name)
 
 
