@@ -12,7 +12,7 @@ import os
 
 from ..engine.engine import MAX_BATCH_SIZE, pool_positions
 from ..engine.paging import PAGE
-from ..scripted.api import Engine
+from ..engine.engine import Engine
 from ..errors import MinigptError
 from ..gpt2.config import GPT2Config
 from ..loop.cost import gpt2_architecture, kv_bytes_per_token

@@ -27,7 +27,7 @@ from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api import Engine
+from ..engine.engine import Engine
 from ..loading.checks import check_ids
 from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
                           encode_text, envelope, library_error, parse_json, usage_json)
