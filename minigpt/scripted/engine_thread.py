@@ -22,7 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from .completions import FINISH_REASONS, APIError, library_error
+from .completion_request import APIError, library_error
+from .completion_response import FINISH_REASONS
 from .metrics import Metrics
 from ..engine.engine import Engine, failure
 from ..engine.scheduler import Job

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from ..errors import MinigptError
 from .api import head_attention
-from .completions import APIError
+from .completion_request import APIError
 
 INSPECT_IN_FLIGHT = 4  # /inspect requests held at once, computing or waiting for the slot; more are a 429
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"), "/page.js": ("page.js", "text/javascript; charset=utf-8"),

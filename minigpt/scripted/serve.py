@@ -1,7 +1,7 @@
 """`python -m minigpt serve`: OpenAI's completions API over HTTP, on one Engine that every request shares.
 
 Two sides, two threads. The engine thread (minigpt.scripted.engine_thread) alone drives the Engine.
-The HTTP side (Starlette on uvicorn's event loop) only checks a body (minigpt.scripted.completions),
+The HTTP side (Starlette on uvicorn's event loop) only checks a body (minigpt.scripted.completion_request),
 hands its choices to the engine thread as Tickets, and writes the Updates it gets back as one JSON
 answer or as server-sent events. With the exact kernels every answer is bitwise `minigpt.generate`'s
 for that prompt alone (docs/serving.md explains why and how the tests check it).
@@ -29,8 +29,9 @@ from starlette.routing import Route
 
 from ..engine.engine import Engine
 from ..loading.checks import check_ids
-from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
-                          encode_text, envelope, library_error, parse_json, usage_json)
+from .completion_request import (APIError, CompletionRequest, check_model_name, completion_request, encode_text,
+                                 library_error, parse_json)
+from .completion_response import ChoiceStream, choice_json, envelope, usage_json
 from . import page
 from .engine_thread import EngineThread, Preparation, Ticket, Update, shutting_down
 from .metrics import Metrics
@@ -176,8 +177,8 @@ class Service:
         try:
             if self.draining:
                 raise shutting_down()
-            completion = await self.preparation.run(self.prepare, await read_body(request))  # encoding takes time
-            choices = len(completion.requests) * completion.best_of
+            asked = await self.preparation.run(self.prepare, await read_body(request))  # encoding takes time
+            choices = len(asked.requests) * asked.best_of
             if choices > self.capacity - self.in_flight:
                 raise APIError(f"the server is busy: {choices} candidates asked for, room for "
                                f"{max(self.capacity - self.in_flight, 0)} now (--max-batch-size + --max-queue in "
@@ -190,30 +191,30 @@ class Service:
         def deliver(update: Update) -> None:  # from the engine thread
             loop.call_soon_threadsafe(self.arrived, updates, update)
 
-        tickets = [Ticket(i, r, completion.prompt_logprobs, deliver) for i, r in enumerate(completion.candidates())]
+        tickets = [Ticket(i, r, asked.prompt_logprobs, deliver) for i, r in enumerate(asked.candidates())]
         self.in_flight += len(tickets)
         self.engine_thread.submit(tickets)
         identity = f"cmpl-{uuid.uuid4().hex}"
-        if completion.stream:
-            return StreamingResponse(self.events(identity, completion, tickets, updates),
+        if asked.stream:
+            return StreamingResponse(self.events(identity, asked, tickets, updates),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await self.whole(request, identity, completion, tickets, updates)
+        return await self.whole(request, identity, asked, tickets, updates)
 
-    def prepare(self, body: bytes) -> Completion:
-        """A body parsed and checked into a Completion (run off the event loop), refusing a prompt that
+    def prepare(self, body: bytes) -> CompletionRequest:
+        """A body parsed and checked into a CompletionRequest (off the event loop), refusing a prompt that
         could never fit in the page pool (400)."""
         try:
-            completion = check_completion(self.model, self.served_name, parse_json(body), self.capacity)
+            asked = completion_request(self.model, self.served_name, parse_json(body), self.capacity)
         except APIError:
             raise
         except MinigptError as e:  # a check that is not the API's own (the tokenizer's)
             raise library_error(e, 1) from None
         try:
-            self.engine.check_fits(completion.requests)
+            self.engine.check_fits(asked.requests)
         except InputError as e:  # about the pool's size (--kv-cache-tokens): the prompt is what the client can change
-            raise APIError(library_error(e, len(completion.requests)).message(), "prompt",
+            raise APIError(library_error(e, len(asked.requests)).message(), "prompt",
                            "context_length_exceeded") from None
-        return completion
+        return asked
 
     def arrived(self, updates: asyncio.Queue, update: Update) -> None:
         """On the event loop: an Update from the engine thread."""
@@ -221,7 +222,7 @@ class Service:
             self.in_flight -= 1
         updates.put_nowait(update)
 
-    async def whole(self, request: HTTPRequest, identity: str, completion: Completion, tickets: list[Ticket],
+    async def whole(self, request: HTTPRequest, identity: str, asked: CompletionRequest, tickets: list[Ticket],
                     updates: asyncio.Queue) -> Response:
         """Wait for every choice, then answer at once; a client that leaves first cancels them."""
         results: dict[int, GenerationResult] = {}
@@ -244,22 +245,22 @@ class Service:
             gone.cancel()
         ordered = [results[i] for i in range(len(tickets))]
         tokenizer = self.model.tokenizer
-        body = envelope(identity, self.served_name, [choice_json(tokenizer, completion, i, r)
-                                                     for i, r in enumerate(completion.choices(ordered))])
-        body["usage"] = usage_json(completion, ordered)
+        body = envelope(identity, self.served_name, [choice_json(tokenizer, asked, i, r)
+                                                     for i, r in enumerate(asked.choices(ordered))])
+        body["usage"] = usage_json(asked, ordered)
         return JSONResponse(body)
 
-    async def events(self, identity: str, completion: Completion, tickets: list[Ticket], updates: asyncio.Queue):
+    async def events(self, identity: str, asked: CompletionRequest, tickets: list[Ticket], updates: asyncio.Queue):
         """Server-sent events: a chunk per choice as its tokens are released, then the usage (if asked)
         and [DONE]. Starlette cancels this when the client leaves: its choices are cancelled then."""
-        streams = [ChoiceStream(self.model.tokenizer, completion, i) for i in range(len(tickets))]
+        streams = [ChoiceStream(self.model.tokenizer, asked, i) for i in range(len(tickets))]
         results: dict[int, GenerationResult] = {}
         echoed: set[int] = set()
         created = envelope(identity, self.served_name, [])["created"]
 
         def event(choices: list[dict], **extra) -> str:
             chunk = {**envelope(identity, self.served_name, choices, created), **extra}
-            if completion.include_usage and "usage" not in extra:
+            if asked.include_usage and "usage" not in extra:
                 chunk["usage"] = None
             return f"data: {json.dumps(chunk)}\n\n"
 
@@ -271,7 +272,7 @@ class Service:
                     yield f"data: {json.dumps(update.error.body())}\n\n"
                     break
                 stream = streams[update.index]
-                if completion.echo and update.index not in echoed:  # its first Update carries the prompt's scores
+                if asked.echo and update.index not in echoed:  # its first Update carries the prompt's scores
                     echoed.add(update.index)
                     yield event([stream.echo(update.result)])
                 if update.records or update.final:
@@ -279,8 +280,8 @@ class Service:
                 if update.final:
                     results[update.index] = update.result
             else:
-                if completion.include_usage:
-                    yield event([], usage=usage_json(completion, [results[i] for i in range(len(tickets))]))
+                if asked.include_usage:
+                    yield event([], usage=usage_json(asked, [results[i] for i in range(len(tickets))]))
             yield "data: [DONE]\n\n"
         finally:
             if len(results) < len(tickets):
