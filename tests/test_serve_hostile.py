@@ -23,7 +23,7 @@ from checkpoints import with_huge_position
 
 import minigpt
 from minigpt.engine import scheduler as engine_module
-from minigpt.scripted import completion_request, serve
+from minigpt.scripted import completion_request, http_server, serve
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,7 @@ def test_a_fault_during_a_stream_is_an_error_event_of_type_server_error_then_don
 
 
 def test_idle_and_half_sent_connections_are_closed_after_the_header_deadline(tiny_model, monkeypatch):
-    monkeypatch.setattr(serve, "HEADER_SECONDS", 0.5)
+    monkeypatch.setattr(http_server, "HEADER_SECONDS", 0.5)
     with running_server(tiny_model) as (_, url):
         port = int(url.rsplit(":", 1)[1])
         for sent in (b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"):

@@ -59,11 +59,11 @@ def check_pool(config: GPT2Config, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from ..scripted import serve
+        from ..scripted import http_server, serve
     except ImportError as e:
         raise MinigptError(f"serve needs the serve extra ({e.name} is not installed): "
                            "pip install 'minigpt[serve]'") from None
-    sock = serve.bind(args.host, args.port)  # before loading: a port in use fails at once
+    sock = http_server.bind(args.host, args.port)  # before loading: a port in use fails at once
     with sock:
         model = load_model(args)
         if model.tokenizer_loader is not None:
@@ -71,5 +71,5 @@ def run(args: argparse.Namespace) -> int:
         check_pool(model.config, args)
         engine = Engine(model, max_batch_size=args.max_batch_size, kv_cache_tokens=args.kv_cache_tokens)
         logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-        serve.serve(serve.Service(model, engine, args.served_model_name or args.model, args.max_queue), sock)
+        http_server.serve(serve.Service(model, engine, args.served_model_name or args.model, args.max_queue), sock)
     return 0

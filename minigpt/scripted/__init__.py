@@ -9,5 +9,6 @@ Modules, in reading order:
     metrics              /metrics: the engine's state in Prometheus' text format, vLLM's names
     engine_thread        the one thread that drives a shared Engine while requests come and go
     page                 the page that watches it run (`/`), and /inspect, one head's attention
-    serve                the HTTP server: bodies checked, choices handed to the engine thread, answers streamed
+    serve                the HTTP routes: bodies checked, choices handed to the engine thread, answers streamed
+    http_server          uvicorn on a bound socket: a deadline on headers, a shutdown that answers the running
 """

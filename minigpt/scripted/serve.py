@@ -1,4 +1,4 @@
-"""`python -m minigpt serve`: OpenAI's completions API over HTTP, on one Engine that every request shares.
+"""`python -m minigpt serve`'s routes: OpenAI's completions API over HTTP, on one Engine that every request shares.
 
 Two sides, two threads. The engine thread (minigpt.scripted.engine_thread) alone drives the Engine.
 The HTTP side (Starlette on uvicorn's event loop) only checks a body (minigpt.scripted.completion_request),
@@ -6,7 +6,7 @@ hands its choices to the engine thread as Tickets, and writes the Updates it get
 answer or as server-sent events. With the exact kernels every answer is bitwise `minigpt.generate`'s
 for that prompt alone (docs/serving.md explains why and how the tests check it).
 
-Needs the `serve` extra (starlette, uvicorn).
+Needs the `serve` extra (starlette, uvicorn); minigpt.scripted.http_server runs the routes on uvicorn.
 """
 
 from __future__ import annotations
@@ -15,12 +15,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
-import sys
 import uuid
 
-import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request as HTTPRequest
@@ -44,7 +40,6 @@ log = logging.getLogger("minigpt.scripted.serve")
 MAX_BODY_BYTES = 8 * 2**20  # a body beyond this is refused (413) before it is read in full
 RETRY_AFTER_SECONDS = 1
 SHUTDOWN_GRACE_SECONDS = 3  # on SIGINT/SIGTERM, running requests get this long to finish, then are answered 503
-HEADER_SECONDS = 10  # a connection's request line and headers must arrive within this of it opening or being idle
 BODY_SECONDS = 30  # and its body within this of its headers
 
 
@@ -327,84 +322,3 @@ def check_ids_field(tokens, vocab_size: int) -> list[int]:
     if not isinstance(tokens, list):
         raise InputError("must be a list of token ids")
     return check_ids(tokens, vocab_size).tolist()
-
-
-# ------------------------------------------------------------------------------- running
-
-
-class Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1, closing a connection whose request line and headers have not all arrived
-    HEADER_SECONDS after it opened or after its last response: an idle or half-sent connection holds
-    a socket forever otherwise."""
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        self.deadline = self.loop.call_later(HEADER_SECONDS, self.late)
-
-    def handle_events(self) -> None:
-        super().handle_events()
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.deadline.cancel()  # a request is being answered
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self.deadline.cancel()
-        self.deadline = self.loop.call_later(HEADER_SECONDS, self.late)
-
-    def connection_lost(self, exc) -> None:
-        self.deadline.cancel()
-        super().connection_lost(exc)
-
-    def late(self) -> None:
-        if self.cycle is None or self.cycle.response_complete:
-            self.transport.close()
-
-
-class Server(uvicorn.Server):
-    """uvicorn's server, saying where it listens once it does (its signal handlers in place by then),
-    ending its requests in OpenAI's shape when it stops, and ending normally (exit status 0) on
-    SIGINT or SIGTERM: uvicorn would raise the signal again once it has shut down."""
-
-    def __init__(self, config: uvicorn.Config, service: Service):
-        super().__init__(config)
-        self.service = service
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.service.shutting_down()
-        await super().shutdown(sockets)
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        with super().capture_signals():
-            yield
-            self._captured_signals.clear()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        for sock in sockets or []:
-            host, port = sock.getsockname()[:2]
-            host = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
-            print(f"minigpt serve: listening on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free port) on an IPv4 or IPv6 address or a host name, bound
-    before the model's first request."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family)
-    except (OSError, UnicodeError) as e:
-        raise InputError(f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e}") from None
-
-
-def server(service: Service) -> Server:
-    """A uvicorn server for the service's app, quiet but for warnings and errors (no access log)."""
-    config = uvicorn.Config(service.app(), http=Protocol, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS + 2)  # ours answers them first
-    return Server(config, service)
-
-
-def serve(service: Service, sock: socket.socket) -> None:
-    """Serve on `sock` until SIGINT or SIGTERM: then stop accepting, give running requests
-    SHUTDOWN_GRACE_SECONDS to finish, answer the rest 503 (streams: an error event and [DONE]) and return."""
-    server(service).run(sockets=[sock])
