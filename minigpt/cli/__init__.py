@@ -19,7 +19,8 @@ from typing import Iterator
 
 from ..errors import MinigptError
 from . import batch, cost, generate, inspect, prove, score, serve, staircase, tune
-from .common import Stream, UsageError, worded
+from .flags import UsageError, as_command_error
+from .output import Stream
 
 COMMANDS = (generate, batch, score, prove, inspect, staircase, cost, tune, serve)
 
@@ -96,10 +97,10 @@ def run(argv: list[str] | None) -> int:
     try:
         status = args.run(args)
     except MinigptError as e:  # the library names arguments by their keywords: a command by its flags
-        worded_error = worded(e, args.parser)
-        if worded_error is e:
+        command_error = as_command_error(e, args.parser)
+        if command_error is e:
             raise
-        raise worded_error from None
+        raise command_error from None
     flush_stdout()
     return status
 

@@ -27,9 +27,9 @@ from ..errors import InputError, MinigptError, check_bool, unique_keys
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult, Request
 from ..loading.tokenizer import valid_text
-from .common import (Stream, UsageError, add_model_options, add_request_options, binary, encode_prompt, flags,
-                     input_chunks, json_text, load_model, positive_int, print_whole, request_options,
-                     top_logprobs_json, utf8_text, worded)
+from .flags import (UsageError, add_model_options, add_request_options, as_command_error, encode_prompt, flags,
+                    input_chunks, load_model, positive_int, request_options, utf8_text)
+from .output import Stream, binary, json_text, print_whole, top_logprobs_json
 from . import pictures
 from .staircase import check_plot_target, plot_path
 
@@ -172,7 +172,7 @@ def checked_requests(model: Model, args: argparse.Namespace,
         try:
             identity, request, scores, taken = parse_line(model, text, number, options)
         except MinigptError as e:
-            raise worded(e, args.parser, key, f"{name} line {number}: ") from None
+            raise as_command_error(e, args.parser, key, f"{name} line {number}: ") from None
         numbers.append(number)
         ids.append(identity)
         requests.append(request)
@@ -188,7 +188,7 @@ def checked_requests(model: Model, args: argparse.Namespace,
     try:
         engine.check_fits(requests)
     except InputError as e:  # e.prompt: the request's index
-        raise worded(e, args.parser, key, f"{name} line {numbers[e.prompt]}: ") from None
+        raise as_command_error(e, args.parser, key, f"{name} line {numbers[e.prompt]}: ") from None
     return ids, requests, scoring, engine
 
 

@@ -13,8 +13,9 @@ from ..loading.model import Model
 from ..loop.sequence import GenerationResult
 from ..engine.drafters import DRAFT_TOKENS
 from ..loading.tokenizer import valid_text
-from .common import (UsageError, add_model_options, add_request_options, encode_prompt, load_model, positive_int,
-                     print_json, print_whole, request_options, top_logprobs_json)
+from .flags import (UsageError, add_model_options, add_request_options, encode_prompt, load_model, positive_int,
+                    request_options)
+from .output import print_json, print_whole, top_logprobs_json
 
 
 def add_parser(sub) -> None:

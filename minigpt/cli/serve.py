@@ -16,11 +16,11 @@ from ..engine.engine import Engine
 from ..errors import MinigptError
 from ..gpt2.config import GPT2Config
 from ..loop.cost import gpt2_architecture, kv_bytes_per_token
-from .common import UsageError, add_model_options, checked, load_model, non_negative_int, positive_int
+from .flags import UsageError, add_model_options, bounded, load_model, non_negative_int, positive_int
 
 DEFAULT_MAX_QUEUE = 256
-port = checked(int, lambda v: 0 <= v <= 65535, "in 0..65535")
-host = checked(str, lambda v: v.strip() != "", "an address (an empty one would listen on every interface)")
+port = bounded(int, lambda v: 0 <= v <= 65535, "in 0..65535")
+host = bounded(str, lambda v: v.strip() != "", "an address (an empty one would listen on every interface)")
 
 
 def add_parser(sub) -> None:

@@ -3,7 +3,7 @@ one check of its value (docs/api.md).
 
 Every interface takes its options from OPTIONS, so that none can be forgotten in one place: the
 keywords of generate, stream, generate_batch and Engine.generate (`takes_options` builds their
-signatures), the command line's flags (minigpt.cli.common), batch's keys and the server's fields
+signatures), the command line's flags (minigpt.cli.flags), batch's keys and the server's fields
 (minigpt.scripted.completion_request); tests/test_options.py holds each interface to the declaration.
 
 An error about an option carries its keyword in `err.param` and names it in a template

@@ -62,7 +62,7 @@ def routes(service) -> list[Route]:
             finally:
                 in_flight[0] -= 1
             return Response(content, media_type="application/json")
-        return await service.checked(request, answer)
+        return await service.answer_json_body(request, answer)
 
     return [*(Route(path, static(path)) for path in STATIC), Route("/metrics", metrics),
             Route("/inspect", attention, methods=["POST"])]

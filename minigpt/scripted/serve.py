@@ -134,7 +134,7 @@ class Service:
             strs = [token_text(tokenizer, t) for t in ids] if body.get("return_token_strs") else None
             return JSONResponse({"count": len(ids), "max_model_len": self.model.config.n_positions, "tokens": ids,
                                  "token_strs": strs})
-        return await self.checked(request, answer)
+        return await self.answer_json_body(request, answer)
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         """vLLM's /detokenize: {"tokens": ids} -> {"prompt": text}."""
@@ -146,7 +146,7 @@ class Service:
             except InputError as e:
                 raise APIError(f"tokens: {e}", "tokens") from None
             return JSONResponse({"prompt": self.tokenizer().decode(ids)})
-        return await self.checked(request, answer)
+        return await self.answer_json_body(request, answer)
 
     def check_fields(self, body: dict, fields: tuple[str, ...]) -> None:
         unknown = [key for key in body if key not in fields]
@@ -159,7 +159,7 @@ class Service:
             raise APIError(no_tokenizer(self.model.config.vocab_size), None, "no_tokenizer")
         return self.model.tokenizer
 
-    async def checked(self, request: HTTPRequest, answer) -> Response:
+    async def answer_json_body(self, request: HTTPRequest, answer) -> Response:
         """answer(body) for a JSON body within the size limit; any APIError as OpenAI's error body."""
         try:
             return await answer(await run_in_threadpool(parse_json, await read_body(request)))
