@@ -19,7 +19,7 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.exact.attention import BatchPart
 from minigpt.exact.kernels import FAST
 from minigpt.exact.tuning import threads as blas_threads
