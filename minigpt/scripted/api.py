@@ -89,10 +89,10 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
     seq, loop = sequence_and_steps(model, prompt_ids, max_new_tokens, use_cache, speculate, draft_tokens, options)
 
     def tokens() -> Iterator[StreamedToken]:
-        shown = 0
+        released = 0
         for _ in loop:
-            records = seq.streamed(shown)
-            shown += len(records)
+            records = seq.streamed(released)
+            released += len(records)
             yield from records
 
     return tokens()
