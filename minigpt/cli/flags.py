@@ -164,9 +164,10 @@ def add_request_options(p: argparse.ArgumentParser, batched: bool) -> None:
                            metavar=FILES.get(option.name, METAVARS[option.kind]), help=option.help + where + default)
 
 
-def request_options(args: argparse.Namespace) -> dict:
-    """The request options given on the command line, checked before any work (an InputError names
-    the option; the command words it as its flag): keyword -> value."""
+def request_options(args: argparse.Namespace) -> tuple[dict, set[str]]:
+    """The request options, checked once, before any work (an InputError names the option; the
+    command words it as its flag): every keyword's value (those not given at their defaults), and
+    the keywords given on the command line."""
     given = {name: getattr(args, name) for name in OPTIONS if getattr(args, name, None) is not None}
     if "logit_bias" in given:
         given["logit_bias"] = by_token(given["logit_bias"], "logit_bias")  # one ID=BIAS per token
@@ -175,8 +176,7 @@ def request_options(args: argparse.Namespace) -> dict:
         if name != "json_schema" or not text.lstrip().startswith("{"):  # a schema's JSON is an object
             given[name] = read_text(text, OPTIONS[name].flag, MAX_CONSTRAINT_FILE_BYTES, "more than a constraint's "
                                     f"{MAX_CONSTRAINT_CHARS:,} characters take")
-    checked = check_options(given)
-    return {name: checked[name] for name in given}
+    return check_options(given), set(given)
 
 
 def encode_prompt(model: Model, text: str) -> list[int]:

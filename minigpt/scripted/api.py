@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import ContextLengthError, InputError, check_bool, check_int, shown
 from ..loop.loops import cached_steps, naive_steps
-from ..loop.sequence import GenerationResult, Sequence, StreamedToken, check_finite
+from ..loop.sequence import GenerationResult, Request, Sequence, StreamedToken, check_finite
 from ..exact import causal_proof, inspection
 from ..loading.checks import check_ids, check_stride, prepare_prompt
 from ..loading.model import Model, check_model, overflow_named_by_layer, steps_overflow_named
@@ -26,12 +26,11 @@ from . import scoring
 # ------------------------------------------------------------------------------ generation
 
 
-def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, use_cache: bool, speculate,
-                       draft_tokens: int | None, options: dict) -> tuple[Sequence, Iterator[None]]:
-    """Check a request now, before any work; return its sequence and its loop, not yet started: the
-    naive, cached or speculative steps, each yielding after a model step, with an overflow named
-    by its layer."""
-    request = make_request(model, prompt_ids, max_new_tokens, **options)
+def sequence_and_steps(model: Model, request: Request, use_cache: bool, speculate,
+                       draft_tokens: int | None) -> tuple[Sequence, Iterator[None]]:
+    """A checked request's sequence and its loop, not yet started (the loop's own keywords checked now,
+    before any work): the naive, cached or speculative steps, each yielding after a model step, with
+    an overflow named by its layer."""
     seq = Sequence(request)
     if speculate is not None:
         if not check_bool(use_cache, "use_cache"):
@@ -69,7 +68,15 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     """
     if on_step is not None and not callable(on_step):
         raise InputError("{on_step} must be a function or None, got {value}", "on_step", value=type(on_step).__name__)
-    seq, loop = sequence_and_steps(model, prompt_ids, max_new_tokens, use_cache, speculate, draft_tokens, options)
+    return generate_request(model, make_request(model, prompt_ids, max_new_tokens, **options), use_cache=use_cache,
+                            speculate=speculate, draft_tokens=draft_tokens, on_step=on_step)
+
+
+def generate_request(model: Model, request: Request, *, use_cache: bool = True, speculate=None,
+                     draft_tokens: int | None = None,
+                     on_step: Callable[[int, float], None] | None = None) -> GenerationResult:
+    """`generate` for a Request make_request (or request_of, on options checked once) has made."""
+    seq, loop = sequence_and_steps(model, request, use_cache, speculate, draft_tokens)
     reported = 0
     for _ in loop:
         if on_step is not None:
@@ -86,7 +93,14 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
     `generate`'s keywords (without on_step), checked at the call. A token is held back while its
     text could still begin a stop string, so that the streamed texts concatenate to generate's `text`
     and nothing streamed is taken back (docs/sampling.md)."""
-    seq, loop = sequence_and_steps(model, prompt_ids, max_new_tokens, use_cache, speculate, draft_tokens, options)
+    return stream_request(model, make_request(model, prompt_ids, max_new_tokens, **options), use_cache=use_cache,
+                          speculate=speculate, draft_tokens=draft_tokens)
+
+
+def stream_request(model: Model, request: Request, *, use_cache: bool = True, speculate=None,
+                   draft_tokens: int | None = None) -> Iterator[StreamedToken]:
+    """`stream` for a Request make_request (or request_of) has made, checked at the call."""
+    seq, loop = sequence_and_steps(model, request, use_cache, speculate, draft_tokens)
 
     def tokens() -> Iterator[StreamedToken]:
         released = 0

@@ -4,7 +4,7 @@ puts both on a socket).
 
 The fields are the declared options' (minigpt.loading.options.OPTIONS: each option's `field`) and
 the API's own (n, best_of, echo, stream, ...). Every option is checked by the library's own checks
-(make_request), so the server refuses exactly what `minigpt.generate` refuses, with the library's
+(check_options, request_of), so the server refuses exactly what `minigpt.generate` refuses, with the library's
 message naming the API's fields (max_tokens where the library says max_new_tokens) and the field in
 the error's `param`. A choice is one Request; choice j of a prompt samples with seed + j, so each
 equals `minigpt.generate` with that seed alone. With best_of, candidate j of a prompt samples with
@@ -19,8 +19,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..loading.options import OPTIONS, from_json
-from ..loading.requests import make_request
+from ..loading.options import OPTIONS, check_options, from_json
+from ..loading.requests import request_of
 from ..loading.structured import CONSTRAINTS
 from ..errors import ContextLengthError, InputError, MinigptError, check_int, unique_keys
 from ..loading.model import Model
@@ -157,13 +157,18 @@ def completion_request(model: Model, served_name: str, body: dict, capacity: int
     if options.get("seed") is None:
         options["seed"] = secrets.randbits(63)  # OpenAI samples at random without a seed: so does the server
     prompts = prompt_ids(model, body["prompt"])
+    fields = {constraint[1]: constraint[0]} if constraint else {}
+    try:
+        values = check_options(options)  # once, for every prompt's request
+    except MinigptError as e:
+        raise library_error(e, len(prompts), fields) from None
     requests = []
     for i, ids in enumerate(prompts):
         try:
-            requests.append(make_request(model, ids, **options))
+            requests.append(request_of(model, ids, values, False))
         except MinigptError as e:
             e.prompt = i
-            raise library_error(e, len(prompts), {constraint[1]: constraint[0]} if constraint else {}) from None
+            raise library_error(e, len(prompts), fields) from None
     empty = [not ids for ids in prompts]  # started from <|endoftext|>, which echo does not show
     return CompletionRequest(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage, empty,
                       token_ids)
@@ -274,7 +279,7 @@ def prompt_count(prompt) -> int:
 
 def prompt_ids(model: Model, prompt) -> list:
     """The prompts (already counted by prompt_count) as token-id lists; ids themselves are checked by
-    make_request."""
+    request_of."""
     if isinstance(prompt, str):
         return [encode_text(model, prompt)]
     if isinstance(prompt[0], str):
