@@ -96,7 +96,8 @@ MUTANTS = [
         "self.logprobs.append(token_log_prob(self.processed(logits).astype(np.float32), token))",
         "tests/properties/test_logits_processing.py"),
     # part 4: exactness
-    bug("gemv-calls-not-aligned", "every gemv call computes a multiple of 4 x threads outputs", "minigpt/exact/threads.py",
+    bug("gemv-calls-not-aligned", "every gemv call computes a multiple of 4 x threads outputs",
+        "minigpt/exact/threads.py",
         "return math.lcm(ALIGN, 4 * threads())", "return 1", "tests/test_threads.py"),
     bug("page-tree-halves-unpadded", "pages are added up by one fixed tree, whatever the batch", "minigpt/exact/attention.py",
         "        half //= 2\n", "        half = (n + 1) // 2\n",

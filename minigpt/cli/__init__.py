@@ -1,4 +1,5 @@
-"""`python -m minigpt COMMAND ...`: one module per command, each with `add_parser` and `run`.
+"""`python -m minigpt COMMAND ...`: one module per command, each with `add_parser` and `run`; the
+flags several share are minigpt.cli.flags, what they print minigpt.cli.output.
 
 Every user mistake and detected fault becomes one line `error: ...` on stderr and a non-zero exit
 (2 for usage, 1 otherwise); Ctrl-C stops with exit 130, keeping whatever was already printed.

@@ -170,8 +170,8 @@ def completion_request(model: Model, served_name: str, body: dict, capacity: int
             e.prompt = i
             raise library_error(e, len(prompts), fields) from None
     empty = [not ids for ids in prompts]  # started from <|endoftext|>, which echo does not show
-    return CompletionRequest(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage, empty,
-                      token_ids)
+    return CompletionRequest(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage,
+                             empty, token_ids)
 
 
 def constraint_field(body: dict) -> tuple[str, str, object] | None:

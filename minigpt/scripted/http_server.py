@@ -83,8 +83,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 def server(service: Service) -> ServiceServer:
     """A uvicorn server for the service's app, quiet but for warnings and errors (no access log)."""
-    config = uvicorn.Config(service.app(), http=HeaderTimeoutProtocol, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS + 2)  # ours answers them first
+    config = uvicorn.Config(service.app(), http=HeaderTimeoutProtocol, log_level="warning", access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS + 2)  # ours answers first
     return ServiceServer(config, service)
 
 
