@@ -35,13 +35,14 @@ class MinigptError(Exception):
         if self.param is None:
             return self.args[0]
         lead = "{" + self.param + "} "
-        return (self.args[0] if subject else self.args[0].removeprefix(lead)).format_map(Names(name, self.values))
+        template = self.args[0] if subject else self.args[0].removeprefix(lead)
+        return template.format_map(TemplateFields(name, self.values))
 
     def __str__(self) -> str:
         return self.message() if self.prompt is None else f"prompt {self.prompt}: {self.message()}"
 
 
-class Names(dict):
+class TemplateFields(dict):
     """A template's fields: its values as given, any other field the name of that argument."""
 
     def __init__(self, name: Callable[[str], str], values: dict):

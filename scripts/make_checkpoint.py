@@ -19,9 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
-from minigpt.loading.checkpoint import PREFIX, save_checkpoint  # noqa: E402
+from minigpt.loading.checkpoint import PREFIX  # noqa: E402
+from minigpt.loading.checkpoint_writer import save_checkpoint  # noqa: E402
 from minigpt.cli import Parser  # noqa: E402
-from minigpt.cli.common import non_negative_int, positive_int  # noqa: E402
+from minigpt.cli.flags import non_negative_int, positive_int  # noqa: E402
 from minigpt.gpt2.config import GPT2_SIZES  # noqa: E402
 from minigpt.errors import TokenizerError  # noqa: E402
 from minigpt.loading.loader import EMBEDDED  # noqa: E402

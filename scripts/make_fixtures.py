@@ -1,7 +1,7 @@
 """Generate the committed parity fixtures: small random GPT-2 checkpoints and Hugging Face's outputs on them.
 
 For each entry of FIXTURES: random weights (`minigpt.gpt2.params.random_params`) are written by
-`minigpt.loading.checkpoint.save_checkpoint`, in one of the layouts minigpt loads, to tests/fixtures/NAME/;
+`minigpt.loading.checkpoint_writer.save_checkpoint`, in one of the layouts minigpt loads, to tests/fixtures/NAME/;
 transformers' `GPT2LMHeadModel.from_pretrained` loads that directory (float32, eval mode) and runs
 it on fixed token ids; its logits and greedy continuation go to NAME/reference.npz. tests/test_parity.py
 checks minigpt against these files without torch, and calls `hf_reference` itself when transformers is
@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
-from minigpt.loading.checkpoint import save_checkpoint  # noqa: E402
+from minigpt.loading.checkpoint_writer import save_checkpoint  # noqa: E402
 from minigpt.gpt2.config import GPT2Config  # noqa: E402
 from minigpt.loading.weights import random_params  # noqa: E402
 

@@ -17,7 +17,7 @@ import pytest
 import minigpt
 from minigpt.errors import CheckpointError, ConfigError, UnsafeCheckpointError
 from minigpt.gpt2.config import GPT2Config
-from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.loading.model import Model
 from minigpt.loading.safetensors_format import read_safetensors, write_safetensors
 from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params

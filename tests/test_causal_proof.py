@@ -15,7 +15,7 @@ import pytest
 
 from minigpt.scripted.api import prove
 from minigpt.exact.causal_proof import COLUMNS, compare
-from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.cli import main
 from minigpt.cli.prove import render
 from minigpt.gpt2.config import GPT2Config

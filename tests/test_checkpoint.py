@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from minigpt.loading.checkpoint import INDEX_FILE, load_checkpoint, save_checkpoint
+from minigpt.loading.checkpoint import INDEX_FILE, load_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.gpt2.config import GPT2Config
 from minigpt.loading.weights import expected_shapes, params_to_tensors, random_params
 from minigpt.loading.safetensors_format import bfloat16_to_float32, float32_to_bfloat16, read_header

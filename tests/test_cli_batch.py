@@ -27,7 +27,7 @@ import minigpt
 import minigpt.scripted.api
 import minigpt.cli.batch
 import minigpt.engine.scheduler
-from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.cli import main
 from minigpt.gpt2.config import GPT2Config
 from minigpt.loading.weights import random_params

@@ -1,4 +1,4 @@
-"""Every file a command reads is read with a bound (minigpt.cli.common.read_text, batch's lines): a
+"""Every file a command reads is read with a bound (minigpt.cli.flags.read_text, batch's lines): a
 device that never ends or a huge file is one `error: ...` line and exit 2 after a bounded read,
 never a MemoryError or a traceback."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from commands import run
 
-from minigpt.cli.common import MAX_CONSTRAINT_FILE_BYTES
+from minigpt.cli.flags import MAX_CONSTRAINT_FILE_BYTES
 from minigpt.loading.structured import MAX_CONSTRAINT_CHARS
 
 

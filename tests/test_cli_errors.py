@@ -24,7 +24,7 @@ from checkpoints import ALIASES, BROKEN_CHECKPOINTS, EOT, TINY, ReadError, make_
 
 import minigpt
 import minigpt.cli.generate
-from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.cli import main
 from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params
 

@@ -20,7 +20,7 @@ from commands import cli, environment
 
 import minigpt
 from minigpt.loading.options import OPTIONS
-from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params
 
 PROMPT = "The dog"

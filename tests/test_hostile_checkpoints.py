@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minigpt.loading.checkpoint
-from minigpt.loading.checkpoint import load_checkpoint, save_checkpoint
-from minigpt.loading.checkpoint import config_to_dict
+from minigpt.loading.checkpoint import load_checkpoint
+from minigpt.loading.checkpoint_writer import config_to_dict, save_checkpoint
 from minigpt.gpt2.config import GPT2Config
 from minigpt.errors import CheckpointError, ConfigError, MinigptError, UnsafeCheckpointError
 from minigpt.loading.weights import expected_shapes, params_to_tensors, random_params

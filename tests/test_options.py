@@ -73,7 +73,7 @@ def test_the_command_line_s_flags_are_the_declaration_s(name, options):
 
 def test_batch_s_keys_and_the_server_s_fields_are_the_declaration_s():
     assert set(BATCHED) <= set(KEYS)
-    from minigpt.scripted.completions import FIELDS
+    from minigpt.scripted.completion_request import FIELDS
     assert {o.field for o in OPTIONS.values() if o.field} <= set(FIELDS)
     assert not [o for o in OPTIONS.values() if o.batched and not o.field]  # every batched option is served
 

@@ -25,7 +25,8 @@ import pytest
 from parity import FIXTURE_DIRS, KERNELS, LAYOUTS, LIVE_CONFIG, TOLERANCE, make_fixtures
 
 import minigpt
-from minigpt.loading.checkpoint import INDEX_FILE, LM_HEAD, PREFIX, save_checkpoint
+from minigpt.loading.checkpoint import INDEX_FILE, LM_HEAD, PREFIX
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.gpt2.config import GPT2_SIZES
 from minigpt.loop.loops import cached_steps, naive_steps
 from minigpt.loading.weights import random_params

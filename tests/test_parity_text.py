@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import minigpt
-from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.loading.loader import EMBEDDED
 from minigpt.loading.weights import random_params
 from minigpt.loading.tokenizer import PACKAGED_BPE

@@ -64,7 +64,7 @@ def test_a_file_size_limit_leaves_no_partial_picture_and_one_error_line(tmp_path
 ])
 def test_without_matplotlib_a_picture_command_fails_before_loading_the_model(capsys, tmp_path, monkeypatch, command):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
-    monkeypatch.setattr("minigpt.cli.common.load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("minigpt.cli.flags.load", lambda *a, **k: pytest.fail("the model was loaded"))
     code, _, err = run(capsys, *[arg.format(dir=tmp_path) for arg in command])
     assert code == 1 and "--plot needs matplotlib" in err and err.count("\n") == 1
 
@@ -74,7 +74,7 @@ def test_inspect_plot_into_no_folder_fails_before_loading_the_model(capsys, tmp_
     target = tmp_path / where
     if where == "file":
         target.write_text("x")
-    monkeypatch.setattr("minigpt.cli.common.load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("minigpt.cli.flags.load", lambda *a, **k: pytest.fail("the model was loaded"))
     code, _, err = run(capsys, "inspect", "The dog", "--model", "random-tiny", "--plot", str(target))
     assert code == 2 and words in err
 
@@ -82,7 +82,7 @@ def test_inspect_plot_into_no_folder_fails_before_loading_the_model(capsys, tmp_
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder: nothing to refuse")
 def test_inspect_plot_into_a_read_only_folder_fails_before_loading_the_model(capsys, tmp_path, monkeypatch):
     tmp_path.chmod(0o500)
-    monkeypatch.setattr("minigpt.cli.common.load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr("minigpt.cli.flags.load", lambda *a, **k: pytest.fail("the model was loaded"))
     try:
         code, _, err = run(capsys, "inspect", "The dog", "--model", "random-tiny", "--plot", str(tmp_path))
     finally:

@@ -18,7 +18,7 @@ from parity import FIXTURE_DIRS, KERNELS, LAYOUTS, LIVE_CONFIG, TOLERANCE, make_
 
 import minigpt
 import minigpt.scripted.scoring
-from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.gpt2.config import GPT2Config
 from minigpt.errors import InputError
 from minigpt.loading.model import Model

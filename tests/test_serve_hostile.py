@@ -23,7 +23,7 @@ from checkpoints import with_huge_position
 
 import minigpt
 from minigpt.engine import scheduler as engine_module
-from minigpt.scripted import completions, serve
+from minigpt.scripted import completion_request, http_server, serve
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +89,12 @@ def test_sigterm_under_load_answers_every_request_ends_every_stream_and_exits_pr
 def test_health_answers_while_a_huge_prompt_is_being_encoded(served, monkeypatch):
     """A 7 MB text prompt, whose encoding is made to take 3 s here (how long depends on the machine):
     /health answers before it is done, since bodies are checked and encoded in a worker thread."""
-    encode = completions.encode_text
+    encode = completion_request.encode_text
 
     def slowly(model, text):
         time.sleep(3)
         return encode(model, text)
-    monkeypatch.setattr(completions, "encode_text", slowly)
+    monkeypatch.setattr(completion_request, "encode_text", slowly)
     answered = []
     big = threading.Thread(target=lambda: answered.append(
         post(served[1], "/v1/completions", {"prompt": "hello world " * 600_000, "max_tokens": 1})))
@@ -108,8 +108,8 @@ def test_health_answers_while_a_huge_prompt_is_being_encoded(served, monkeypatch
 
 
 @pytest.mark.parametrize("body, param, message", [
-    ({"stop": ["."] * (completions.MAX_STOP_STRINGS + 1)}, "stop", "at most"),
-    ({"stop": "x" * (completions.MAX_STOP_CHARS + 1)}, "stop", "at most"),
+    ({"stop": ["."] * (completion_request.MAX_STOP_STRINGS + 1)}, "stop", "at most"),
+    ({"stop": "x" * (completion_request.MAX_STOP_CHARS + 1)}, "stop", "at most"),
     ({"stop": False}, "stop", "a string or a list of strings"),
     ({"stop": 0}, "stop", "a string or a list of strings"),
     ({"stop": {}}, "stop", "a string or a list of strings"),
@@ -176,7 +176,7 @@ def test_a_fault_during_a_stream_is_an_error_event_of_type_server_error_then_don
 
 
 def test_idle_and_half_sent_connections_are_closed_after_the_header_deadline(tiny_model, monkeypatch):
-    monkeypatch.setattr(serve, "HEADER_SECONDS", 0.5)
+    monkeypatch.setattr(http_server, "HEADER_SECONDS", 0.5)
     with running_server(tiny_model) as (_, url):
         port = int(url.rsplit(":", 1)[1])
         for sent in (b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"):

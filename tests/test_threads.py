@@ -3,7 +3,7 @@ tokens and speculative tokens, bit for bit, at 1, 2, 3 and 5 threads.
 
 Each count runs in a fresh process. 1 and 2 come from OPENBLAS_NUM_THREADS, as a user sets them.
 A machine with 3 or 5 CPUs is pretended: the process is told it may run on that many CPUs
-(os.sched_getaffinity, which both OpenBLAS and minigpt.exact.tuning.threads consult) and OpenBLAS's
+(os.sched_getaffinity, which both OpenBLAS and minigpt.exact.threads.threads consult) and OpenBLAS's
 count is set through its own openblas_set_num_threads, so that its large products really are split
 at those counts. One GPT-2-small-shaped layer and GPT-2's vocabulary: every matrix, the LM head's
 50,257 outputs above all, is large enough for OpenBLAS to split between threads.
@@ -29,7 +29,7 @@ if sys.argv[2] == "pretend":
 import numpy as np
 import minigpt
 from minigpt.gpt2.config import GPT2Config
-from minigpt.exact.tuning import threads as minigpt_threads
+from minigpt.exact.threads import threads as minigpt_threads
 from minigpt.loading.model import Model
 from minigpt.loading.weights import random_params
 assert minigpt_threads() == threads, (minigpt_threads(), threads)

@@ -1,4 +1,5 @@
-"""`python -m minigpt COMMAND ...`: one module per command, each with `add_parser` and `run`.
+"""`python -m minigpt COMMAND ...`: one module per command, each with `add_parser` and `run`; the
+flags several share are minigpt.cli.flags, what they print minigpt.cli.output.
 
 Every user mistake and detected fault becomes one line `error: ...` on stderr and a non-zero exit
 (2 for usage, 1 otherwise); Ctrl-C stops with exit 130, keeping whatever was already printed.
@@ -19,7 +20,8 @@ from typing import Iterator
 
 from ..errors import MinigptError
 from . import batch, cost, generate, inspect, prove, score, serve, staircase, tune
-from .common import Stream, UsageError, worded
+from .flags import UsageError, as_command_error
+from .output import Stream
 
 COMMANDS = (generate, batch, score, prove, inspect, staircase, cost, tune, serve)
 
@@ -96,10 +98,10 @@ def run(argv: list[str] | None) -> int:
     try:
         status = args.run(args)
     except MinigptError as e:  # the library names arguments by their keywords: a command by its flags
-        worded_error = worded(e, args.parser)
-        if worded_error is e:
+        command_error = as_command_error(e, args.parser)
+        if command_error is e:
             raise
-        raise worded_error from None
+        raise command_error from None
     flush_stdout()
     return status
 

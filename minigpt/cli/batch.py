@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 from tqdm import tqdm
 
-from ..loading.requests import check_against_model, make_request
+from ..loading.requests import check_against_model, request_of
 from ..engine.engine import MAX_BATCH_SIZE, Engine
 from ..engine.paging import PAGE
 from ..loading.options import OPTIONS, check_options, from_json
@@ -27,9 +27,9 @@ from ..errors import InputError, MinigptError, check_bool, unique_keys
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult, Request
 from ..loading.tokenizer import valid_text
-from .common import (Stream, UsageError, add_model_options, add_request_options, binary, encode_prompt, flags,
-                     input_chunks, json_text, load_model, positive_int, print_whole, request_options,
-                     top_logprobs_json, utf8_text, worded)
+from .flags import (UsageError, add_model_options, add_request_options, as_command_error, encode_prompt, flags,
+                    input_chunks, load_model, positive_int, request_options, utf8_text)
+from .output import Stream, binary, json_text, print_whole, top_logprobs_json
 from . import pictures
 from .staircase import check_plot_target, plot_path
 
@@ -121,13 +121,13 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = request_options(args)  # checked now, before the model is loaded and INPUT read
+    values, given = request_options(args)  # checked once, now, before the model is loaded and INPUT read
     if args.plot is not None:
         check_plot_target(args.plot)
     model = load_model(args)
     tokenizer = model.tokenizer  # now, before any work: text prompts, stop strings and the output's text need it
-    check_against_model(model, check_options(options))  # an option's fault, not the first line's
-    ids, requests, scoring, engine = checked_requests(model, args, options)
+    check_against_model(model, values)  # an option's fault, not the first line's
+    ids, requests, scoring, engine = checked_requests(model, args, values, given)
     pool = engine.pool
     clock = time.perf_counter()
     pending: dict[int, GenerationResult] = {}  # finished, waiting for the lines before them
@@ -158,27 +158,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def checked_requests(model: Model, args: argparse.Namespace,
-                     options: dict) -> tuple[list, list[Request], list[bool], Engine]:
+def checked_requests(model: Model, args: argparse.Namespace, values: dict,
+                     given: set[str]) -> tuple[list, list[Request], list[bool], Engine]:
     """Every line of INPUT checked, before any work: the lines' ids, their requests, whether each
     scores its prompt, and the engine whose pool they all fit in. The first bad line fails the run
-    (UsageError naming it, each argument by its key), and so does a command-line option (`options`)
-    that no line takes and is changed by (--seed when every line is greedy or has its own seed)."""
+    (UsageError naming it, each argument by its key), and so does a command-line option (`given`;
+    `values`: every option's, checked) that no line takes and is changed by (--seed when every line
+    is greedy or has its own seed)."""
     name = "stdin" if args.input == "-" else args.input
     own = flags(args.parser)
     key = lambda keyword: keyword if keyword in KEYS else own.get(keyword, keyword)  # noqa: E731
     numbers, ids, requests, scoring, used = [], [], [], [], set()
     for number, text in read_lines(args.input, name):  # each line parsed as it comes, its text then dropped
         try:
-            identity, request, scores, taken = parse_line(model, text, number, options)
+            identity, request, scores, taken = parse_line(model, text, number, values)
         except MinigptError as e:
-            raise worded(e, args.parser, key, f"{name} line {number}: ") from None
+            raise as_command_error(e, args.parser, key, f"{name} line {number}: ") from None
         numbers.append(number)
         ids.append(identity)
         requests.append(request)
         scoring.append(scores)
         used |= {k for k in taken if k not in SAMPLING_ONLY or request.sampling.temperature > 0}
-    for option in options:
+    for option in (name for name in OPTIONS if name in given):
         if requests and option not in used:
             reason = "every line is greedy (temperature 0) or has" if option in SAMPLING_ONLY else "every line has"
             raise UsageError(f"argument {own[option]}: has no effect: {reason} a {option} of its own")
@@ -188,7 +189,7 @@ def checked_requests(model: Model, args: argparse.Namespace,
     try:
         engine.check_fits(requests)
     except InputError as e:  # e.prompt: the request's index
-        raise worded(e, args.parser, key, f"{name} line {numbers[e.prompt]}: ") from None
+        raise as_command_error(e, args.parser, key, f"{name} line {numbers[e.prompt]}: ") from None
     return ids, requests, scoring, engine
 
 
@@ -215,9 +216,9 @@ def read_lines(path: str, name: str) -> Iterator[tuple[int, str]]:
 
 def parse_line(model: Model, text: str, number: int, defaults: dict) -> tuple[object, Request, bool, set[str]]:
     """One line checked: its id (default: its number), its request, with the options it overrides
-    (`defaults`: the command line's), whether it scores its prompt, and the options it takes from
-    the command line. The request's checks are the library's own (make_request); only the JSON
-    shapes are checked here."""
+    (`defaults`: the command line's, checked, which are not checked again), whether it scores its
+    prompt, and the options it takes from the command line. The request's checks are the library's
+    own (check_options, request_of); only the JSON shapes are checked here."""
     try:
         line = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
@@ -242,11 +243,11 @@ def parse_line(model: Model, text: str, number: int, defaults: dict) -> tuple[ob
     if "prompt" in line and not isinstance(line["prompt"], str):
         raise InputError(f'prompt must be a string (token ids go in "prompt_ids"), got {reprlib.repr(line["prompt"])}')
     prompt = encode_prompt(model, line["prompt"]) if "prompt" in line else line["prompt_ids"]
-    options = {**defaults, **{key: from_json(key, line[key]) for key in LINE_OPTIONS if key in line}}
-    options = {key: value for key, value in options.items() if value is not None}  # null: the default
+    own = {key: OPTIONS[key].default if line[key] is None else from_json(key, line[key])  # null: the default
+           for key in LINE_OPTIONS if key in line}
     taken = {key for key in LINE_OPTIONS if key not in line}
     scores = check_bool(line.get("prompt_logprobs", False), "prompt_logprobs")
-    return identity, make_request(model, prompt, **options), scores, taken
+    return identity, request_of(model, prompt, check_options(own, defaults), False), scores, taken
 
 
 @contextmanager

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 
 from ..loop.cost import ARCHITECTURES, DTYPE_BYTES, MAX_TOKENS, Cost, estimate
-from .common import binary, checked, print_json, print_whole, table
+from .flags import bounded
+from .output import binary, print_json, print_whole, table
 
-token_count = checked(int, lambda v: 1 <= v <= MAX_TOKENS, "in 1..10**15")  # cost.estimate's bound
+token_count = bounded(int, lambda v: 1 <= v <= MAX_TOKENS, "in 1..10**15")  # cost.estimate's bound
 
 
 def add_parser(sub) -> None:

@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..scripted.api import generate, stream
-from ..loading.options import OPTIONS, check_options
+from ..scripted.api import generate_request, stream_request
+from ..loading.options import OPTIONS
+from ..loading.requests import request_of
 from ..errors import MinigptError
 from ..loading.loader import load
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult
 from ..engine.drafters import DRAFT_TOKENS
 from ..loading.tokenizer import valid_text
-from .common import (UsageError, add_model_options, add_request_options, encode_prompt, load_model, positive_int,
-                     print_json, print_whole, request_options, top_logprobs_json)
+from .flags import (UsageError, add_model_options, add_request_options, encode_prompt, load_model, positive_int,
+                    request_options)
+from .output import print_json, print_whole, top_logprobs_json
 
 
 def add_parser(sub) -> None:
@@ -52,19 +54,20 @@ def check_needed(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = request_options(args)  # checked now, before the model is loaded
+    values, _ = request_options(args)  # checked once, now, before the model is loaded
     check_needed(args)
     model = load_model(args)
     tokenizer = model.tokenizer
     ids = encode_prompt(model, args.prompt)  # undecodable bytes in the argument are kept as byte tokens
+    request = request_of(model, ids, values, True)  # against the model and the prompt; --truncate-prompt offered
     speculate = None
     if args.speculate is not None:
         speculate = "ngram" if args.speculate == "ngram" else load_draft(args)
-    options.update(use_cache=not args.no_cache, speculate=speculate, draft_tokens=args.draft_tokens)
+    loop = {"use_cache": not args.no_cache, "speculate": speculate, "draft_tokens": args.draft_tokens}
     if args.json:
-        print_json(as_json(generate(model, ids, **options), tokenizer, args, options))
+        print_json(as_json(generate_request(model, request, **loop), tokenizer, args, values))
         return 0
-    tokens = stream(model, ids, **options)  # checks everything before printing
+    tokens = stream_request(model, request, **loop)  # checks the loop's keywords before printing
     sys.stdout.write_whole(valid_text(args.prompt))  # each piece to its last byte (Stream.write_whole)
     for token in tokens:  # each with the text it adds, once no stop string can take it back
         sys.stdout.write_whole(token.text)
@@ -87,10 +90,9 @@ def load_draft(args: argparse.Namespace) -> Model:
         raise type(e)(f"--speculate: {e}") from None
 
 
-def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace, options: dict) -> dict:
-    """The run as one JSON document: every option that shaped it (each request option, given or at
-    its default; top_logprobs's are the lists themselves), then what it produced."""
-    values = check_options({name: options[name] for name in OPTIONS if name in options})
+def as_json(result: GenerationResult, tokenizer, args: argparse.Namespace, values: dict) -> dict:
+    """The run as one JSON document: every option that shaped it (each request option's checked
+    value, given or at its default; top_logprobs's are the lists themselves), then what it produced."""
     document = {"model": args.model, "kernels": args.kernels, "use_cache": result.use_cache,
                 **{name: json_value(values[name]) for name in OPTIONS if name != "top_logprobs"},
                 "speculate": args.speculate}

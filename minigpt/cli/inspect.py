@@ -11,7 +11,8 @@ from ..errors import InputError
 from ..exact.tracing import layer_names
 from ..loading.tokenizer import token_text
 from ..scripted.api import INSPECT_TOKENS, inspect
-from .common import UsageError, add_model_options, checked, encode_prompt, load_model, print_json, print_whole, table
+from .flags import UsageError, add_model_options, bounded, encode_prompt, load_model
+from .output import print_json, print_whole, table
 from . import pictures
 from .staircase import check_plot_target
 
@@ -24,10 +25,10 @@ def add_parser(sub) -> None:
                     "pictures of attention (every layer and head, or one) and of the lens. See docs/model.md.")
     p.add_argument("text", help="the text to run the model over (GPT-2's tokenizer)")
     add_model_options(p, default="gpt2")
-    p.add_argument("--layer", type=checked(int, lambda v: v >= 0, ">= 0"), help="draw this layer's heads only")
-    p.add_argument("--head", type=checked(int, lambda v: v >= 0, ">= 0"), help="draw this head only (of --layer, "
+    p.add_argument("--layer", type=bounded(int, lambda v: v >= 0, ">= 0"), help="draw this layer's heads only")
+    p.add_argument("--head", type=bounded(int, lambda v: v >= 0, ">= 0"), help="draw this head only (of --layer, "
                    "or of every layer)")
-    p.add_argument("--top", type=checked(int, lambda v: 1 <= v <= 20, "in 1..20"), default=5,
+    p.add_argument("--top", type=bounded(int, lambda v: 1 <= v <= 20, "in 1..20"), default=5,
                    help="tokens per cell of the logit lens in --json (default 5)")
     p.add_argument("--plot", type=Path, metavar="DIR", help="write attention.png and logit-lens.png into DIR "
                    "(matplotlib: the plot extra)")

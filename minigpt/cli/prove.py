@@ -8,7 +8,8 @@ import dataclasses
 from ..scripted.api import prove
 from ..exact.causal_proof import COLUMNS, Comparison, Drift, Proof
 from . import pictures
-from .common import add_model_options, checked, encode_prompt, load_model, print_json, print_whole, table
+from .flags import add_model_options, bounded, encode_prompt, load_model
+from .output import print_json, print_whole, table
 from .staircase import check_plot_target, plot_path
 
 DEFAULT_PROMPT = "The causal mask means that no position can see the future, so"  # 13 GPT-2 tokens
@@ -29,7 +30,7 @@ def add_parser(sub) -> None:
     )
     add_model_options(p, default="random-124m")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help=f"the prompt text (default: {DEFAULT_PROMPT!r})")
-    p.add_argument("--steps", type=checked(int, lambda v: v >= 2, ">= 2 (the proof compares consecutive steps)"),
+    p.add_argument("--steps", type=bounded(int, lambda v: v >= 2, ">= 2 (the proof compares consecutive steps)"),
                    default=8, help="new tokens to generate, at least 2 (default 8)")
     p.add_argument("--json", action="store_true", help="print the results as one JSON document")
     p.add_argument("--plot", type=plot_path, metavar="PATH",

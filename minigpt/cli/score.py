@@ -10,8 +10,8 @@ from ..loading.model import Model
 from ..scripted.api import score
 from ..loading.checks import check_stride
 from ..loading.tokenizer import token_text
-from .common import (add_model_options, encode_prompt, load_model, positive_int, print_json,
-                     print_whole, read_text, table)
+from .flags import add_model_options, encode_prompt, load_model, positive_int, read_text
+from .output import print_json, print_whole, table
 
 # --file's bound: about a million GPT-2 tokens, an hour and more of windows for GPT-2 small on two cores,
 # and a few hundred MB of per-token results; wikitext-2's test split (1.3 MB), the usual perplexity

@@ -12,15 +12,15 @@ import os
 
 from ..engine.engine import MAX_BATCH_SIZE, pool_positions
 from ..engine.paging import PAGE
-from ..scripted.api import Engine
+from ..engine.engine import Engine
 from ..errors import MinigptError
 from ..gpt2.config import GPT2Config
 from ..loop.cost import gpt2_architecture, kv_bytes_per_token
-from .common import UsageError, add_model_options, checked, load_model, non_negative_int, positive_int
+from .flags import UsageError, add_model_options, bounded, load_model, non_negative_int, positive_int
 
 DEFAULT_MAX_QUEUE = 256
-port = checked(int, lambda v: 0 <= v <= 65535, "in 0..65535")
-host = checked(str, lambda v: v.strip() != "", "an address (an empty one would listen on every interface)")
+port = bounded(int, lambda v: 0 <= v <= 65535, "in 0..65535")
+host = bounded(str, lambda v: v.strip() != "", "an address (an empty one would listen on every interface)")
 
 
 def add_parser(sub) -> None:
@@ -59,11 +59,11 @@ def check_pool(config: GPT2Config, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from ..scripted import serve
+        from ..scripted import http_server, serve
     except ImportError as e:
         raise MinigptError(f"serve needs the serve extra ({e.name} is not installed): "
                            "pip install 'minigpt[serve]'") from None
-    sock = serve.bind(args.host, args.port)  # before loading: a port in use fails at once
+    sock = http_server.bind(args.host, args.port)  # before loading: a port in use fails at once
     with sock:
         model = load_model(args)
         if model.tokenizer_loader is not None:
@@ -71,5 +71,5 @@ def run(args: argparse.Namespace) -> int:
         check_pool(model.config, args)
         engine = Engine(model, max_batch_size=args.max_batch_size, kv_cache_tokens=args.kv_cache_tokens)
         logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-        serve.serve(serve.Service(model, engine, args.served_model_name or args.model, args.max_queue), sock)
+        http_server.serve(serve.Service(model, engine, args.served_model_name or args.model, args.max_queue), sock)
     return 0

@@ -17,7 +17,8 @@ from ..loop.sequence import context_error, positions_needed
 from ..loop.staircase import MODES, OnStep, Staircase, measure
 from . import pictures
 from ..loading.tokenizer import valid_text
-from .common import UsageError, add_model_options, load_model, positive_int, print_json, print_whole, table
+from .flags import UsageError, add_model_options, load_model, positive_int
+from .output import print_json, print_whole, table
 
 
 def add_parser(sub) -> None:

@@ -9,7 +9,7 @@ from ..gpt2.config import GPT2_SIZES
 from ..errors import MinigptError
 from ..exact.tuner import measure
 from ..exact.tuning import key, keep, machine_default
-from .common import print_json, table
+from .output import print_json, table
 
 
 def add_parser(sub) -> None:

@@ -11,7 +11,7 @@ import threading
 from typing import Callable, Iterator
 
 from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int
-from ..loading.model import Model, check_model, named_overflow, overflow
+from ..loading.model import Model, check_model, steps_overflow_named, with_layer
 from ..loading.options import takes_options
 from ..loading.requests import make_requests
 from ..loop.sequence import GenerationResult, Request
@@ -129,7 +129,7 @@ class Engine(Scheduler):
             self.check_fits(requests)
             jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
             mine = set(jobs)
-            for job in named_overflow(self.gpt, self.run(on_step), lambda: []):
+            for job in steps_overflow_named(self.gpt, self.run(on_step), lambda: []):
                 if job in mine and job.error is not None:  # its weights overflowed, or its processing gave up
                     raise failure(self.gpt, job)
                 if job in mine:
@@ -148,6 +148,6 @@ class Engine(Scheduler):
 def failure(gpt, job: Job) -> MinigptError:
     """The error of a job that could not go on, about its prompt (err.prompt): an overflow names the
     layer where it began, traced over the job's ids; a processing that gave up says why."""
-    error = overflow(gpt, job.error, job.seq.ids) if isinstance(job.error, NumericalError) else job.error
+    error = with_layer(gpt, job.error, job.seq.ids) if isinstance(job.error, NumericalError) else job.error
     error.prompt = job.index
     return error

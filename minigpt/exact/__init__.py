@@ -3,7 +3,8 @@ it, so that the cache, batching, paging and speculation change no bit; and the p
 experiment (docs/exactness.md).
 
 Modules, in reading order:
-    tuning        the thread count and alignment that decide bits, the worker threads; how the kernels cut the weights, which does not
+    threads       the thread count and alignment that decide bits, and the worker threads
+    tuning        how the kernels cut the weights, which decides no bit, and the kept choices
     linear        the exact linear map: a gemv per row, in aligned calls
     attention     the exact attention: pages of 16 keys, fixed sums, one division
     fast          FAST's operations: plain NumPy made quicker, not batch-invariant

@@ -19,7 +19,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .tuning import threads, together, workers
+from .threads import threads, together, workers
 
 PAGE = 16  # keys per attention page: the unit of every sum over keys
 GROUP_ROW_PAGES = 64  # query rows x pages attended together: a decode batch of short sequences is one group

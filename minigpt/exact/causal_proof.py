@@ -126,7 +126,7 @@ def work_of(prompt_len: int, n_steps: int) -> Work:
 
 
 @dataclass(frozen=True)
-class Checked:
+class Findings:
     """What checks 1 to 4 found with one kernel set."""
 
     comparisons: tuple[Comparison, ...]  # in the order run
@@ -163,7 +163,7 @@ def cached_equals_naive(config: GPT2Config, step: int, naive_now: dict, cached: 
             *(compare("cached", step, "logits", "logits", rows[0], row, new.stop - 1) for row in rows[1:])]
 
 
-def check_loops(gpt: GPT2, prompt: list[int], n_steps: int) -> Checked:
+def check_loops(gpt: GPT2, prompt: list[int], n_steps: int) -> Findings:
     """Checks 1, 2 and 4: run the naive and the cached loop side by side, step by step, greedily, each
     forward twice: as itself and traced."""
     config = gpt.config
@@ -191,7 +191,7 @@ def check_loops(gpt: GPT2, prompt: list[int], n_steps: int) -> Checked:
         cached_ids.append(cached_token)
         tokens.append(naive_token)
         before = now
-    return Checked(tuple(comparisons), tuple(tokens), tokens_equal)
+    return Findings(tuple(comparisons), tuple(tokens), tokens_equal)
 
 
 def check_causality(gpt: GPT2, prompt: list[int], tokens: tuple[int, ...]) -> list[Comparison]:
@@ -216,7 +216,7 @@ def check_causality(gpt: GPT2, prompt: list[int], tokens: tuple[int, ...]) -> li
     return comparisons
 
 
-def check_all(gpt: GPT2, prompt: list[int], n_steps: int) -> Checked:
+def check_all(gpt: GPT2, prompt: list[int], n_steps: int) -> Findings:
     """Checks 1 to 4 with the model's kernels."""
     loops = check_loops(gpt, prompt, n_steps)
     causal = check_causality(gpt, prompt, loops.tokens)  # 3
@@ -259,20 +259,20 @@ class Drift:
     grid: tuple[tuple[float, ...], ...]  # [layer, then logits][step]: cached vs naive hidden states, ULPs at scale
 
 
-def drift_of(kernels: str, checked: Checked, n_layer: int, n_steps: int) -> Drift:
-    first = {check: next((c for c in checked.comparisons if c.check == check and c.position is not None), None)
+def drift_of(kernels: str, findings: Findings, n_layer: int, n_steps: int) -> Drift:
+    first = {check: next((c for c in findings.comparisons if c.check == check and c.position is not None), None)
              for check in CHECKS}
 
     def largest(field: str):
-        return max((getattr(c, field) for c in checked.comparisons), default=0)
+        return max((getattr(c, field) for c in findings.comparisons), default=0)
 
     cached = {}
-    for c in checked.comparisons:
+    for c in findings.comparisons:
         if c.check == "cached" and c.quantity in ("hidden", "logits"):
             cached[c.layer, c.step] = max(cached.get((c.layer, c.step), 0.0), c.scale_ulp)
     grid = tuple(tuple(cached.get((layer, step), 0.0) for step in range(n_steps))
                  for layer in [*layer_names(n_layer), "logits"])
-    return Drift(kernels, first, largest("max_ulp"), largest("max_abs"), largest("scale_ulp"), checked.tokens_equal,
+    return Drift(kernels, first, largest("max_ulp"), largest("max_abs"), largest("scale_ulp"), findings.tokens_equal,
                  grid)
 
 
@@ -298,11 +298,11 @@ class Proof:
 def prove(gpt: GPT2, prompt: list[int], n_steps: int = 8) -> Proof:
     """Run every check with the model's kernels and, for contrast, measure the fast kernels' drift.
     The prompt (checked ids) and the steps fit the context; n_steps >= 2 (checks compare consecutive steps)."""
-    checked = check_all(gpt, prompt, n_steps)
+    findings = check_all(gpt, prompt, n_steps)
     n_layer = gpt.config.n_layer
-    drifts = [drift_of(gpt.kernels.name, checked, n_layer, n_steps)]
+    drifts = [drift_of(gpt.kernels.name, findings, n_layer, n_steps)]
     if gpt.kernels is not FAST:
         fast = check_all(dataclasses.replace(gpt, kernels=FAST), prompt, n_steps)
         drifts.append(drift_of(FAST.name, fast, n_layer, n_steps))
-    return Proof(gpt.kernels.name, len(prompt), n_steps, checked.tokens, rows_of(gpt.config, checked.comparisons),
+    return Proof(gpt.kernels.name, len(prompt), n_steps, findings.tokens, rows_of(gpt.config, findings.comparisons),
                  work_of(len(prompt), n_steps), tuple(drifts))

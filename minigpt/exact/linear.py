@@ -18,7 +18,8 @@ from functools import partial
 
 import numpy as np
 
-from .tuning import alignment, in_force, threads, together, workers
+from .threads import alignment, threads, together, workers
+from .tuning import in_force
 
 
 def _gemv_blocks(weight: np.ndarray, x: np.ndarray, y: np.ndarray, elements: int) -> None:

@@ -13,7 +13,8 @@ import numpy as np
 from ..gpt2.config import GPT2_VOCAB_SIZE, GPT2Config
 from .fast import fast_linear
 from .linear import exact_linear
-from .tuning import MIB, NEVER, OPENBLAS_SPLIT, Tuning, cache_bytes, machine_default, threads, tuned
+from .threads import threads
+from .tuning import MIB, NEVER, OPENBLAS_SPLIT, Tuning, cache_bytes, machine_default, tuned
 
 SETTLE = 0.15  # seconds: longer than OpenBLAS's threads spin after a call (2**28 cycles), taking the CPUs
 

@@ -1,10 +1,6 @@
-"""How the kernels cut the weights into blocks, chosen for the machine they run on, and the two
-numbers that do decide their bits: the thread count and the alignment it feeds; and the worker
-threads, as many, that share the kernels' work.
-
-Every gemv call computes a multiple of `alignment()` outputs, from the thread count (`threads()`,
-as OpenBLAS reads it): that is what makes an output's bits the same at any thread count
-(docs/exactness.md, point 2). The exact kernels' bits do not depend on how the weights are cut into blocks, nor on which thread
+"""How the kernels cut the weights into blocks, chosen for the machine they run on, and the
+file-locked store of measured choices. The numbers that do decide bits are minigpt.exact.threads'.
+The exact kernels' bits do not depend on how the weights are cut into blocks, nor on which thread
 computes a block (docs/exactness.md, point 3), so the cut can follow the machine: one row takes
 large blocks, which OpenBLAS splits between its threads; several rows take blocks whose share per
 thread stays in that thread's L2 while every row passes over it, split by OpenBLAS when a block is
@@ -21,20 +17,19 @@ import contextlib
 import contextvars
 import fcntl
 import json
-import math
 import os
 import stat
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 import numpy as np
 
 from ..errors import unique_keys
+from .threads import threads
 
 MIB = 2**20
 
@@ -52,55 +47,6 @@ class Tuning:
     shared_block: int  # weights per gemv call when minigpt's own threads share the blocks (a share of L2)
     shared_rows: int  # from this many rows on, shared blocks rather than multi_row_block ones (NEVER: never)
     gemm_rows: int  # the fast kernels: from this many rows on, one gemm per matrix rather than gemvs
-
-
-@cache
-def threads() -> int:
-    """The number of threads OpenBLAS runs, decided as OpenBLAS decides it (once, at start-up): the
-    first of OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS that is set, at most the CPUs
-    this process may run on. minigpt's own worker threads are as many."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
-        value = os.environ.get(name, "").strip()
-        if value.isdigit() and int(value) >= 1:
-            return min(int(value), cpus, 64)
-    return min(cpus, 64)
-
-
-@cache
-def workers() -> ThreadPoolExecutor | None:
-    """The worker threads that share the kernels' work with the calling thread (None: it works
-    alone), threads() - 1 of them. NumPy releases the GIL inside a matrix product, so they run in parallel."""
-    n = threads()
-    return ThreadPoolExecutor(n - 1, thread_name_prefix="minigpt-kernels") if n > 1 else None
-
-
-R = TypeVar("R")  # what a call returns
-
-
-def together(calls: list[Callable[[], R]]) -> list[R]:
-    """Each call's result, the first made by the calling thread and the others by the worker threads
-    at the same time, each in the caller's context (its np.errstate). Every call has ended when this
-    returns or raises: none goes on writing into shared arrays after an error."""
-    if len(calls) == 1:
-        return [calls[0]()]
-    futures = [workers().submit(contextvars.copy_context().run, call) for call in calls[1:]]
-    try:
-        first = calls[0]()
-    finally:
-        wait(futures)
-    return [first, *(f.result() for f in futures)]
-
-
-ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (docs/exactness.md, point 2)
-
-
-@cache
-def alignment() -> int:
-    """Every gemv call computes a multiple of this many outputs: of ALIGN, and of 4 x the thread
-    count, so that OpenBLAS's split at ceil(n / threads) gives every thread a multiple of four. With
-    the thread count, this is what decides bits; the cut below does not."""
-    return math.lcm(ALIGN, 4 * threads())
 
 
 def cache_bytes(level: int) -> int | None:
@@ -168,7 +114,7 @@ def read_kept(path: Path) -> dict[str, dict]:
     return kept
 
 
-def checked(fields: dict) -> Tuning:
+def as_tuning(fields: dict) -> Tuning:
     """A kept entry as a Tuning: exactly its fields, each a whole number from 1 to NEVER."""
     if set(fields) != set(FIELDS):
         raise ValueError(f"its fields are not {', '.join(FIELDS)}")
@@ -187,7 +133,7 @@ def current() -> Tuning:
         try:
             entry = read_kept(path).get(key())
             if entry is not None:
-                return checked(entry)
+                return as_tuning(entry)
         except (OSError, ValueError) as e:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             print(f"minigpt: ignoring the kept tuning in {path} ({reason}); using the defaults", file=sys.stderr)

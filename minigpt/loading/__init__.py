@@ -7,6 +7,7 @@ Modules, in reading order:
     weights             tensors by their checkpoint names
     checks              validation, once, at the boundary
     checkpoint          Hugging Face checkpoint directories, every tensor checked
+    checkpoint_writer   writing every layout checkpoint reads, for the tests and scripts
     model               Model: GPT-2 with checked forwards
     tokenizer           GPT-2's byte-pair encoding through tiktoken, its tables packaged
     loader              a name -> checkpoint + tokenizer + model

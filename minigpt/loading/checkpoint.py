@@ -8,8 +8,8 @@ computes with it, so a wrong or damaged checkpoint fails here, naming the file a
 rather than as a broadcasting error or NaN logits later. Pickle checkpoints (pytorch_model.bin)
 are refused without being opened: unpickling a file can run any code it contains.
 
-`save_checkpoint` writes every layout the loader accepts; the tests and scripts/ use it to make
-random checkpoints.
+minigpt.loading.checkpoint_writer writes every layout read here (the tests and scripts/ make random
+checkpoints with it).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from ..gpt2.config import GPT2Config
 from ..errors import CheckpointError, ConfigError, UnsafeCheckpointError, unique_keys
 from .files import is_file, kind, list_directory
 from ..gpt2.params import GPT2Params
-from .weights import BLOCK_TENSORS, expected_shapes, params_taking, params_to_tensors
+from .weights import BLOCK_TENSORS, expected_shapes, params_taking
 from .safetensors_format import (
-    ENCODINGS, ITEMSIZE, TensorInfo, atomic_write, read_header, read_safetensors, write_safetensors,
+    TensorInfo, read_header, read_safetensors,
 )
 
 CONFIG_FILE = "config.json"
@@ -40,7 +40,6 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 PREFIX = "transformer."  # GPT2LMHeadModel's name for the GPT2Model inside it
 LM_HEAD = "lm_head.weight"
 MASK_BUFFERS = ("attn.bias", "attn.masked_bias")  # per layer, in files of old transformers versions: not weights
-HF_METADATA = {"format": "pt"}  # what save_pretrained puts in every safetensors header
 
 
 # Activations that are GPT-2's tanh-approximated GELU under their Hugging Face names.
@@ -83,29 +82,6 @@ def config_from_dict(d: object, source: str = "config.json") -> GPT2Config:
         return check_config(GPT2Config(**fields))
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
-
-
-def config_to_dict(config: GPT2Config) -> dict:
-    """The config.json Hugging Face writes for this config (fields transformers needs to load it)."""
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "activation_function": "gelu_new",
-        "vocab_size": config.vocab_size,
-        "n_positions": config.n_positions,
-        "n_ctx": config.n_positions,
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-        "n_inner": None,
-        "layer_norm_epsilon": config.layer_norm_epsilon,
-        "bos_token_id": config.eos_token_id,
-        "eos_token_id": config.eos_token_id,  # null when the vocabulary has no <|endoftext|>
-        "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-        "tie_word_embeddings": True,
-    }
 
 
 @dataclass(frozen=True)
@@ -289,68 +265,3 @@ def _read_tensors(stored: dict[str, _StoredTensor], names: list[str]) -> dict[st
         arrays = read_safetensors(path, [stored[key].name for key in keys])
         tensors.update((key, arrays[stored[key].name]) for key in keys)
     return tensors
-
-
-def save_checkpoint(
-    directory: str | os.PathLike,
-    config: GPT2Config,
-    params: GPT2Params,
-    *,
-    dtype: str = "float32",
-    prefix: str = PREFIX,
-    shards: int = 1,
-    lm_head: bool = False,
-    attn_bias: bool = False,
-) -> None:
-    """Write config.json and the weights in the layout Hugging Face uses.
-
-    dtype: float32, float16 or bfloat16 storage. prefix: "transformer." as save_pretrained
-    names tensors, "" as the hub's openai-community/gpt2 file does. shards > 1: that many
-    model-0000i-of-0000N.safetensors files plus model.safetensors.index.json. lm_head: also
-    store lm_head.weight (= wte). attn_bias: also store the causal-mask buffers h.N.attn.bias
-    and h.N.attn.masked_bias that the hub file carries (in `dtype`, like the weights).
-    """
-    tensors = {prefix + name: value for name, value in params_to_tensors(params).items()}
-    if lm_head:
-        tensors[LM_HEAD] = params.wte
-    if attn_bias:
-        tensors.update(_mask_buffers(config, prefix))
-    if not 1 <= shards <= len(tensors):  # before anything is written
-        raise ValueError(f"shards must be in 1..{len(tensors)} (one tensor at least each), got {shards}")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    if shards == 1:
-        write_safetensors(directory / WEIGHTS_FILE, tensors, dtype, HF_METADATA)
-    else:
-        _write_shards(directory, tensors, dtype, shards)
-    _write_json(directory / CONFIG_FILE, config_to_dict(config))
-
-
-def _mask_buffers(config: GPT2Config, prefix: str) -> dict[str, np.ndarray]:
-    """The causal-mask buffers old transformers versions saved with every GPT-2 layer."""
-    P = config.n_positions
-    causal = np.tril(np.ones((1, 1, P, P), dtype=np.float32))
-    buffers = {}
-    for i in range(config.n_layer):
-        buffers[f"{prefix}h.{i}.attn.bias"] = causal
-        buffers[f"{prefix}h.{i}.attn.masked_bias"] = np.array(-1e4, dtype=np.float32)
-    return buffers
-
-
-def _write_shards(directory: Path, tensors: dict[str, np.ndarray], dtype: str, shards: int) -> None:
-    """Split the sorted tensors into `shards` files of about equal count, then write the index."""
-    names = sorted(tensors)
-    weight_map = {}
-    for i in range(shards):
-        group = names[i * len(names) // shards:(i + 1) * len(names) // shards]
-        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        write_safetensors(directory / file, {name: tensors[name] for name in group}, dtype, HF_METADATA)
-        weight_map.update(dict.fromkeys(group, file))
-    total_size = sum(np.size(value) for value in tensors.values()) * ITEMSIZE[ENCODINGS[dtype]]
-    _write_json(directory / INDEX_FILE, {"metadata": {"total_size": total_size}, "weight_map": weight_map})
-
-
-def _write_json(path: Path, content: object) -> None:
-    """Write `content` as indented JSON with sorted keys, as Hugging Face does, atomically."""
-    with atomic_write(path) as f:
-        f.write((json.dumps(content, indent=2, sort_keys=True) + "\n").encode())

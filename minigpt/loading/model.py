@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import reprlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Iterator
@@ -77,22 +78,20 @@ class Model(GPT2):
             check_room(self.config, cache, ids.size)
             checked.append(cache)
         starts = [cache.length for cache in checked]
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is caught below, as one error
+        with overflow_named_by_layer(self, ids_list[0], checked[0] if isinstance(checked[0], KVCache) else None):
+            try:  # an overflow, or Ctrl-C mid-forward: every cache's length as it was, before the layer is named
                 if len(ids_list) == 1 and caches[0] is None:  # the whole sequence: part 1's forward
                     logits = [forward(self, ids_list[0], logits_to_keep)]
                 elif len(ids_list) == 1 and isinstance(checked[0], KVCache):
                     logits = [forward_cached(self, ids_list[0], checked[0], logits_to_keep)]
                 else:
                     logits = forward_batch(self, ids_list, checked, [logits_to_keep] * len(ids_list))
-            for row in logits:
-                check_finite(row)
-        except BaseException as e:  # an overflow, or Ctrl-C mid-forward: every cache's length as it was
-            for cache, start in zip(checked, starts):
-                cache.length = start
-            if isinstance(e, NumericalError):
-                raise overflow(self, e, ids_list[0], checked[0] if isinstance(checked[0], KVCache) else None) from None
-            raise
+                for row in logits:
+                    check_finite(row)
+            except BaseException:
+                for cache, start in zip(checked, starts):
+                    cache.length = start
+                raise
         return logits
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
@@ -125,7 +124,7 @@ def read_only(part) -> None:
                 read_only(item)
 
 
-def overflow(gpt: GPT2, error: NumericalError, ids, cache: KVCache | None = None) -> NumericalError:
+def with_layer(gpt: GPT2, error: NumericalError, ids, cache: KVCache | None = None) -> NumericalError:
     """`error` naming the first layer whose output stopped being finite, found by tracing the forward
     over ids again (after the cache's positions, whose keys and values it writes again, unchanged);
     an engine's error, which carries its sequence, by tracing that sequence's ids."""
@@ -135,18 +134,29 @@ def overflow(gpt: GPT2, error: NumericalError, ids, cache: KVCache | None = None
                           "large for float32 arithmetic", error.sequence)
 
 
-def named_overflow(gpt: GPT2, items: Iterator, ids: Callable[[], list[int]]) -> Iterator:
-    """The items of a loop, each computed with overflow warnings off: an overflow is the NumericalError
-    of a finiteness check, raised here naming the layer where it began in a forward over ids() (or,
-    from an engine, over its sequence's)."""
+@contextmanager
+def overflow_named_by_layer(gpt: GPT2, ids, cache: KVCache | None = None) -> Iterator[None]:
+    """The block run with overflow warnings off: an overflow is the NumericalError of a finiteness
+    check, raised here naming the layer where it began (with_layer). `ids` may be a function giving
+    them, called only then: a loop's ids grow."""
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            yield
+    except NumericalError as e:
+        raise with_layer(gpt, e, ids() if callable(ids) else ids, cache) from None
+
+
+DONE = object()  # what next() gives for a loop that has ended
+
+
+def steps_overflow_named(gpt: GPT2, steps: Iterator, ids: Callable[[], list[int]]) -> Iterator:
+    """The items of a loop, each computed in overflow_named_by_layer (over ids(), or from an engine,
+    over its sequence's)."""
     while True:
-        try:
-            with np.errstate(over="ignore", invalid="ignore"):
-                item = next(items)
-        except StopIteration:
+        with overflow_named_by_layer(gpt, ids):
+            item = next(steps, DONE)
+        if item is DONE:
             return
-        except NumericalError as e:
-            raise overflow(gpt, e, ids()) from None
         yield item
 
 

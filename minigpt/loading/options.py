@@ -3,8 +3,8 @@ one check of its value (docs/api.md).
 
 Every interface takes its options from OPTIONS, so that none can be forgotten in one place: the
 keywords of generate, stream, generate_batch and Engine.generate (`takes_options` builds their
-signatures), the command line's flags (minigpt.cli.common), batch's keys and the server's fields
-(minigpt.scripted.completions); tests/test_options.py holds each interface to the declaration.
+signatures), the command line's flags (minigpt.cli.flags), batch's keys and the server's fields
+(minigpt.scripted.completion_request); tests/test_options.py holds each interface to the declaration.
 
 An error about an option carries its keyword in `err.param` and names it in a template
 (minigpt.errors.MinigptError), so that each interface names it its own way: the keyword, the flag,
@@ -147,11 +147,15 @@ OPTIONS = {option.name: option for option in [
 ]}
 
 
-def check_options(values: dict) -> dict:
+def check_options(values: dict, checked_before: dict | None = None) -> dict:
     """Every option checked (each by its own check, then at most one constraint, and min_tokens against
-    max_new_tokens), the absent ones at their defaults: keyword -> value. Needs no model
-    (check_against_model does; a constraint is compiled for the model's tokenizer by make_request)."""
-    checked = {name: option.check(values.get(name, option.default), name) for name, option in OPTIONS.items()}
+    max_new_tokens), the absent ones at their values in `checked_before` (check_options' own result,
+    taken as it is: the command line's under a batch line's) or else at their defaults: keyword ->
+    value. Needs no model (check_against_model does; a constraint is compiled for the model's tokenizer
+    by minigpt.loading.requests)."""
+    before = checked_before or {}
+    checked = {name: before[name] if name in before and name not in values
+               else option.check(values.get(name, option.default), name) for name, option in OPTIONS.items()}
     one_constraint(checked)
     if checked["min_tokens"] > checked["max_new_tokens"]:
         raise InputError("{min_tokens} must be at most {max_new_tokens} ({maximum}), got {value}", "min_tokens",

@@ -21,9 +21,16 @@ def make_request(model: Model, prompt_ids, max_new_tokens: int = 40, **options) 
     such option, and a prompt too long for the context is refused without pointing to it."""
     check_model(model)
     values = check_options({**options, "max_new_tokens": max_new_tokens})
+    return request_of(model, prompt_ids, values, "truncate_prompt" in options)
+
+
+def request_of(model: Model, prompt_ids, values: dict, truncation_offered: bool) -> Request:
+    """The Request of options check_options has checked (not checked again): they and the prompt are
+    checked against the model. truncation_offered: the caller has a truncate_prompt option, which a
+    prompt too long for the context is refused pointing to."""
     check_against_model(model, values)
     prompt = prepare_prompt(model, prompt_ids, values["max_new_tokens"],
-                            values["truncate_prompt"] if "truncate_prompt" in options else None)
+                            values["truncate_prompt"] if truncation_offered else None)
     eos = model.config.eos_token_id if values["stop_at_eos"] else None
     # the text, the stop strings and a constraint need the tokenizer: it is built now, before any work
     tokenizer = None if model.tokenizer_loader is None else model.tokenizer

@@ -9,13 +9,12 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..errors import ContextLengthError, InputError, NumericalError, check_bool, check_int, shown
-from ..gpt2.forward import GPT2
+from ..errors import ContextLengthError, InputError, check_bool, check_int, shown
 from ..loop.loops import cached_steps, naive_steps
-from ..loop.sequence import GenerationResult, Sequence, StreamedToken, check_finite
+from ..loop.sequence import GenerationResult, Request, Sequence, StreamedToken, check_finite
 from ..exact import causal_proof, inspection
 from ..loading.checks import check_ids, check_stride, prepare_prompt
-from ..loading.model import Model, check_model, named_overflow, overflow
+from ..loading.model import Model, check_model, overflow_named_by_layer, steps_overflow_named
 from ..loading.options import takes_options
 from ..loading.requests import make_request
 from ..engine.drafters import check_speculation
@@ -27,29 +26,23 @@ from . import scoring
 # ------------------------------------------------------------------------------ generation
 
 
-def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, use_cache: bool, speculate,
-                       draft_tokens: int | None, options: dict) -> tuple[Sequence, Iterator[None]]:
-    """Check a request now, before any work; return its sequence and its loop, not yet started: the
-    naive, cached or speculative steps, each yielding after a model step, with an overflow named
-    by its layer."""
-    request = make_request(model, prompt_ids, max_new_tokens, **options)
+def sequence_and_steps(model: Model, request: Request, use_cache: bool, speculate,
+                       draft_tokens: int | None) -> tuple[Sequence, Iterator[None]]:
+    """A checked request's sequence and its loop, not yet started (the loop's own keywords checked now,
+    before any work): the naive, cached or speculative steps, each yielding after a model step, with
+    an overflow named by its layer."""
     seq = Sequence(request)
     if speculate is not None:
         if not check_bool(use_cache, "use_cache"):
             raise InputError("speculative decoding checks drafts against the KV cache: it cannot run without it",
                              "use_cache")
         drafter, draft_tokens = check_speculation(model, speculate, draft_tokens, request.max_positions)
-        return seq, checked_steps(model, seq, speculative_steps(model, seq, drafter, draft_tokens))
+        return seq, steps_overflow_named(model, speculative_steps(model, seq, drafter, draft_tokens), lambda: seq.ids)
     if draft_tokens is not None:  # an option without effect is a mistake, never silently ignored
         raise InputError("{draft_tokens} ({value}) has no effect without {speculate} (the drafter)", "draft_tokens",
                          value=shown(draft_tokens))
     loop = cached_steps if check_bool(use_cache, "use_cache") else naive_steps
-    return seq, checked_steps(model, seq, loop(model, seq))
-
-
-def checked_steps(gpt: GPT2, seq: Sequence, loop: Iterator) -> Iterator:
-    """A sequence's loop, its overflows named by the layer where they began."""
-    return named_overflow(gpt, loop, lambda: seq.ids)
+    return seq, steps_overflow_named(model, loop(model, seq), lambda: seq.ids)
 
 
 @takes_options(batched=False)
@@ -75,7 +68,15 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     """
     if on_step is not None and not callable(on_step):
         raise InputError("{on_step} must be a function or None, got {value}", "on_step", value=type(on_step).__name__)
-    seq, loop = sequence_and_steps(model, prompt_ids, max_new_tokens, use_cache, speculate, draft_tokens, options)
+    return generate_request(model, make_request(model, prompt_ids, max_new_tokens, **options), use_cache=use_cache,
+                            speculate=speculate, draft_tokens=draft_tokens, on_step=on_step)
+
+
+def generate_request(model: Model, request: Request, *, use_cache: bool = True, speculate=None,
+                     draft_tokens: int | None = None,
+                     on_step: Callable[[int, float], None] | None = None) -> GenerationResult:
+    """`generate` for a Request make_request (or request_of, on options checked once) has made."""
+    seq, loop = sequence_and_steps(model, request, use_cache, speculate, draft_tokens)
     reported = 0
     for _ in loop:
         if on_step is not None:
@@ -92,13 +93,20 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
     `generate`'s keywords (without on_step), checked at the call. A token is held back while its
     text could still begin a stop string, so that the streamed texts concatenate to generate's `text`
     and nothing streamed is taken back (docs/sampling.md)."""
-    seq, loop = sequence_and_steps(model, prompt_ids, max_new_tokens, use_cache, speculate, draft_tokens, options)
+    return stream_request(model, make_request(model, prompt_ids, max_new_tokens, **options), use_cache=use_cache,
+                          speculate=speculate, draft_tokens=draft_tokens)
+
+
+def stream_request(model: Model, request: Request, *, use_cache: bool = True, speculate=None,
+                   draft_tokens: int | None = None) -> Iterator[StreamedToken]:
+    """`stream` for a Request make_request (or request_of) has made, checked at the call."""
+    seq, loop = sequence_and_steps(model, request, use_cache, speculate, draft_tokens)
 
     def tokens() -> Iterator[StreamedToken]:
-        shown = 0
+        released = 0
         for _ in loop:
-            records = seq.streamed(shown)
-            shown += len(records)
+            records = seq.streamed(released)
+            released += len(records)
             yield from records
 
     return tokens()
@@ -138,11 +146,8 @@ def score(model: Model, ids, stride: int | None = None) -> np.ndarray:
     if ids.size < 2:
         raise InputError(f"scoring needs at least 2 tokens (the first is only context for the next), got {ids.size}")
     stride = check_stride(stride, model.config.n_positions)
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            return scoring.score(model, ids, stride)
-    except NumericalError as e:
-        raise overflow(model, e, ids[:model.config.n_positions]) from None
+    with overflow_named_by_layer(model, ids[:model.config.n_positions]):
+        return scoring.score(model, ids, stride)
 
 
 # ------------------------------------------------------------------------- proof, inspection
@@ -153,11 +158,8 @@ def prove(model: Model, prompt_ids, n_steps: int = 8) -> causal_proof.Proof:
     run with the model's kernels, and the fast kernels' drift for contrast."""
     n_steps = check_int(n_steps, "n_steps", 2)  # the proof compares consecutive steps
     prompt = prepare_prompt(check_model(model), prompt_ids, n_steps)
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            return causal_proof.prove(model, prompt, n_steps)
-    except NumericalError as e:
-        raise overflow(model, e, prompt) from None
+    with overflow_named_by_layer(model, prompt):
+        return causal_proof.prove(model, prompt, n_steps)
 
 
 INSPECT_TOKENS = 1024  # the most token ids `inspect` (the command) and /inspect look inside (docs/serving.md)
@@ -172,13 +174,10 @@ def inspect(model: Model, ids, layers=None, heads=None) -> inspection.Inspection
         raise ContextLengthError(f"inspect takes 1 to {model.config.n_positions} token ids (n_positions), got {len(ids)}")
     layers, heads = (None if chosen is None else check_indices(chosen, name, limit) for chosen, name, limit in
                      ((layers, "layers", model.config.n_layer), (heads, "heads", model.config.n_head)))
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            found = inspection.inspect(model, ids, layers, heads)
-            check_finite(found.logits)
-            return found
-    except NumericalError as e:
-        raise overflow(model, e, ids) from None
+    with overflow_named_by_layer(model, ids):
+        found = inspection.inspect(model, ids, layers, heads)
+        check_finite(found.logits)
+        return found
 
 
 def check_indices(values, name: str, limit: int) -> list[int]:
@@ -202,10 +201,7 @@ def head_attention(model: Model, ids, layer: int, head: int) -> np.ndarray:
         raise ContextLengthError(f"the attention of 1 to {most} token ids can be looked at, got {len(ids)}")
     layer = check_int(layer, "layer", 0, model.config.n_layer - 1)
     head = check_int(head, "head", 0, model.config.n_head - 1)
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            weights = inspection.attention(model, ids, layer, head)
-            check_finite(weights)
-            return weights
-    except NumericalError as e:
-        raise overflow(model, e, ids) from None
+    with overflow_named_by_layer(model, ids):
+        weights = inspection.attention(model, ids, layer, head)
+        check_finite(weights)
+        return weights

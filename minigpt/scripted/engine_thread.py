@@ -22,14 +22,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
-
-from .api import Engine
-from .completions import FINISH_REASONS, APIError, library_error
+from .completion_request import APIError, library_error
+from .completion_response import FINISH_REASONS
 from .metrics import Metrics
-from ..engine.engine import failure
+from ..engine.engine import Engine, failure
 from ..engine.scheduler import Job
 from ..errors import NumericalError
+from ..loading.model import overflow_named_by_layer
 from ..loop.sequence import GenerationResult, Request, StreamedToken
 
 log = logging.getLogger("minigpt.scripted.engine_thread")
@@ -127,7 +126,7 @@ class EngineThread:
         fails the choices of the step (500) and cancels them; the engine goes on."""
         finished: list[Job] = []
         try:
-            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is its choice's NumericalError
+            with overflow_named_by_layer(self.engine.gpt, []):  # an overflow is its choice's NumericalError
                 finished, _ = self.engine.step()
             self.metrics.stepped()
             self.updates(finished)

@@ -15,7 +15,7 @@ from starlette.routing import Route
 
 from ..errors import MinigptError
 from .api import head_attention
-from .completions import APIError
+from .completion_request import APIError
 
 INSPECT_IN_FLIGHT = 4  # /inspect requests held at once, computing or waiting for the slot; more are a 429
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"), "/page.js": ("page.js", "text/javascript; charset=utf-8"),
@@ -62,7 +62,7 @@ def routes(service) -> list[Route]:
             finally:
                 in_flight[0] -= 1
             return Response(content, media_type="application/json")
-        return await service.checked(request, answer)
+        return await service.answer_json_body(request, answer)
 
     return [*(Route(path, static(path)) for path in STATIC), Route("/metrics", metrics),
             Route("/inspect", attention, methods=["POST"])]

@@ -1,12 +1,12 @@
-"""`python -m minigpt serve`: OpenAI's completions API over HTTP, on one Engine that every request shares.
+"""`python -m minigpt serve`'s routes: OpenAI's completions API over HTTP, on one Engine that every request shares.
 
 Two sides, two threads. The engine thread (minigpt.scripted.engine_thread) alone drives the Engine.
-The HTTP side (Starlette on uvicorn's event loop) only checks a body (minigpt.scripted.completions),
+The HTTP side (Starlette on uvicorn's event loop) only checks a body (minigpt.scripted.completion_request),
 hands its choices to the engine thread as Tickets, and writes the Updates it gets back as one JSON
 answer or as server-sent events. With the exact kernels every answer is bitwise `minigpt.generate`'s
 for that prompt alone (docs/serving.md explains why and how the tests check it).
 
-Needs the `serve` extra (starlette, uvicorn).
+Needs the `serve` extra (starlette, uvicorn); minigpt.scripted.http_server runs the routes on uvicorn.
 """
 
 from __future__ import annotations
@@ -15,22 +15,19 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
-import sys
 import uuid
 
-import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api import Engine
+from ..engine.engine import Engine
 from ..loading.checks import check_ids
-from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
-                          encode_text, envelope, library_error, parse_json, usage_json)
+from .completion_request import (APIError, CompletionRequest, check_model_name, completion_request, encode_text,
+                                 library_error, parse_json)
+from .completion_response import ChoiceStream, choice_json, envelope, usage_json
 from . import page
 from .engine_thread import EngineThread, Preparation, Ticket, Update, shutting_down
 from .metrics import Metrics
@@ -43,7 +40,6 @@ log = logging.getLogger("minigpt.scripted.serve")
 MAX_BODY_BYTES = 8 * 2**20  # a body beyond this is refused (413) before it is read in full
 RETRY_AFTER_SECONDS = 1
 SHUTDOWN_GRACE_SECONDS = 3  # on SIGINT/SIGTERM, running requests get this long to finish, then are answered 503
-HEADER_SECONDS = 10  # a connection's request line and headers must arrive within this of it opening or being idle
 BODY_SECONDS = 30  # and its body within this of its headers
 
 
@@ -138,7 +134,7 @@ class Service:
             strs = [token_text(tokenizer, t) for t in ids] if body.get("return_token_strs") else None
             return JSONResponse({"count": len(ids), "max_model_len": self.model.config.n_positions, "tokens": ids,
                                  "token_strs": strs})
-        return await self.checked(request, answer)
+        return await self.answer_json_body(request, answer)
 
     async def detokenize(self, request: HTTPRequest) -> Response:
         """vLLM's /detokenize: {"tokens": ids} -> {"prompt": text}."""
@@ -150,7 +146,7 @@ class Service:
             except InputError as e:
                 raise APIError(f"tokens: {e}", "tokens") from None
             return JSONResponse({"prompt": self.tokenizer().decode(ids)})
-        return await self.checked(request, answer)
+        return await self.answer_json_body(request, answer)
 
     def check_fields(self, body: dict, fields: tuple[str, ...]) -> None:
         unknown = [key for key in body if key not in fields]
@@ -163,7 +159,7 @@ class Service:
             raise APIError(no_tokenizer(self.model.config.vocab_size), None, "no_tokenizer")
         return self.model.tokenizer
 
-    async def checked(self, request: HTTPRequest, answer) -> Response:
+    async def answer_json_body(self, request: HTTPRequest, answer) -> Response:
         """answer(body) for a JSON body within the size limit; any APIError as OpenAI's error body."""
         try:
             return await answer(await run_in_threadpool(parse_json, await read_body(request)))
@@ -176,8 +172,8 @@ class Service:
         try:
             if self.draining:
                 raise shutting_down()
-            completion = await self.preparation.run(self.prepare, await read_body(request))  # encoding takes time
-            choices = len(completion.requests) * completion.best_of
+            asked = await self.preparation.run(self.prepare, await read_body(request))  # encoding takes time
+            choices = len(asked.requests) * asked.best_of
             if choices > self.capacity - self.in_flight:
                 raise APIError(f"the server is busy: {choices} candidates asked for, room for "
                                f"{max(self.capacity - self.in_flight, 0)} now (--max-batch-size + --max-queue in "
@@ -190,30 +186,30 @@ class Service:
         def deliver(update: Update) -> None:  # from the engine thread
             loop.call_soon_threadsafe(self.arrived, updates, update)
 
-        tickets = [Ticket(i, r, completion.prompt_logprobs, deliver) for i, r in enumerate(completion.candidates())]
+        tickets = [Ticket(i, r, asked.prompt_logprobs, deliver) for i, r in enumerate(asked.candidates())]
         self.in_flight += len(tickets)
         self.engine_thread.submit(tickets)
         identity = f"cmpl-{uuid.uuid4().hex}"
-        if completion.stream:
-            return StreamingResponse(self.events(identity, completion, tickets, updates),
+        if asked.stream:
+            return StreamingResponse(self.events(identity, asked, tickets, updates),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await self.whole(request, identity, completion, tickets, updates)
+        return await self.whole(request, identity, asked, tickets, updates)
 
-    def prepare(self, body: bytes) -> Completion:
-        """A body parsed and checked into a Completion (run off the event loop), refusing a prompt that
+    def prepare(self, body: bytes) -> CompletionRequest:
+        """A body parsed and checked into a CompletionRequest (off the event loop), refusing a prompt that
         could never fit in the page pool (400)."""
         try:
-            completion = check_completion(self.model, self.served_name, parse_json(body), self.capacity)
+            asked = completion_request(self.model, self.served_name, parse_json(body), self.capacity)
         except APIError:
             raise
         except MinigptError as e:  # a check that is not the API's own (the tokenizer's)
             raise library_error(e, 1) from None
         try:
-            self.engine.check_fits(completion.requests)
+            self.engine.check_fits(asked.requests)
         except InputError as e:  # about the pool's size (--kv-cache-tokens): the prompt is what the client can change
-            raise APIError(library_error(e, len(completion.requests)).message(), "prompt",
+            raise APIError(library_error(e, len(asked.requests)).message(), "prompt",
                            "context_length_exceeded") from None
-        return completion
+        return asked
 
     def arrived(self, updates: asyncio.Queue, update: Update) -> None:
         """On the event loop: an Update from the engine thread."""
@@ -221,7 +217,7 @@ class Service:
             self.in_flight -= 1
         updates.put_nowait(update)
 
-    async def whole(self, request: HTTPRequest, identity: str, completion: Completion, tickets: list[Ticket],
+    async def whole(self, request: HTTPRequest, identity: str, asked: CompletionRequest, tickets: list[Ticket],
                     updates: asyncio.Queue) -> Response:
         """Wait for every choice, then answer at once; a client that leaves first cancels them."""
         results: dict[int, GenerationResult] = {}
@@ -244,22 +240,22 @@ class Service:
             gone.cancel()
         ordered = [results[i] for i in range(len(tickets))]
         tokenizer = self.model.tokenizer
-        body = envelope(identity, self.served_name, [choice_json(tokenizer, completion, i, r)
-                                                     for i, r in enumerate(completion.choices(ordered))])
-        body["usage"] = usage_json(completion, ordered)
+        body = envelope(identity, self.served_name, [choice_json(tokenizer, asked, i, r)
+                                                     for i, r in enumerate(asked.choices(ordered))])
+        body["usage"] = usage_json(asked, ordered)
         return JSONResponse(body)
 
-    async def events(self, identity: str, completion: Completion, tickets: list[Ticket], updates: asyncio.Queue):
+    async def events(self, identity: str, asked: CompletionRequest, tickets: list[Ticket], updates: asyncio.Queue):
         """Server-sent events: a chunk per choice as its tokens are released, then the usage (if asked)
         and [DONE]. Starlette cancels this when the client leaves: its choices are cancelled then."""
-        streams = [ChoiceStream(self.model.tokenizer, completion, i) for i in range(len(tickets))]
+        streams = [ChoiceStream(self.model.tokenizer, asked, i) for i in range(len(tickets))]
         results: dict[int, GenerationResult] = {}
         echoed: set[int] = set()
         created = envelope(identity, self.served_name, [])["created"]
 
         def event(choices: list[dict], **extra) -> str:
             chunk = {**envelope(identity, self.served_name, choices, created), **extra}
-            if completion.include_usage and "usage" not in extra:
+            if asked.include_usage and "usage" not in extra:
                 chunk["usage"] = None
             return f"data: {json.dumps(chunk)}\n\n"
 
@@ -271,7 +267,7 @@ class Service:
                     yield f"data: {json.dumps(update.error.body())}\n\n"
                     break
                 stream = streams[update.index]
-                if completion.echo and update.index not in echoed:  # its first Update carries the prompt's scores
+                if asked.echo and update.index not in echoed:  # its first Update carries the prompt's scores
                     echoed.add(update.index)
                     yield event([stream.echo(update.result)])
                 if update.records or update.final:
@@ -279,8 +275,8 @@ class Service:
                 if update.final:
                     results[update.index] = update.result
             else:
-                if completion.include_usage:
-                    yield event([], usage=usage_json(completion, [results[i] for i in range(len(tickets))]))
+                if asked.include_usage:
+                    yield event([], usage=usage_json(asked, [results[i] for i in range(len(tickets))]))
             yield "data: [DONE]\n\n"
         finally:
             if len(results) < len(tickets):
@@ -326,84 +322,3 @@ def check_ids_field(tokens, vocab_size: int) -> list[int]:
     if not isinstance(tokens, list):
         raise InputError("must be a list of token ids")
     return check_ids(tokens, vocab_size).tolist()
-
-
-# ------------------------------------------------------------------------------- running
-
-
-class Protocol(H11Protocol):
-    """uvicorn's HTTP/1.1, closing a connection whose request line and headers have not all arrived
-    HEADER_SECONDS after it opened or after its last response: an idle or half-sent connection holds
-    a socket forever otherwise."""
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        self.deadline = self.loop.call_later(HEADER_SECONDS, self.late)
-
-    def handle_events(self) -> None:
-        super().handle_events()
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.deadline.cancel()  # a request is being answered
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self.deadline.cancel()
-        self.deadline = self.loop.call_later(HEADER_SECONDS, self.late)
-
-    def connection_lost(self, exc) -> None:
-        self.deadline.cancel()
-        super().connection_lost(exc)
-
-    def late(self) -> None:
-        if self.cycle is None or self.cycle.response_complete:
-            self.transport.close()
-
-
-class Server(uvicorn.Server):
-    """uvicorn's server, saying where it listens once it does (its signal handlers in place by then),
-    ending its requests in OpenAI's shape when it stops, and ending normally (exit status 0) on
-    SIGINT or SIGTERM: uvicorn would raise the signal again once it has shut down."""
-
-    def __init__(self, config: uvicorn.Config, service: Service):
-        super().__init__(config)
-        self.service = service
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self.service.shutting_down()
-        await super().shutdown(sockets)
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        with super().capture_signals():
-            yield
-            self._captured_signals.clear()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        for sock in sockets or []:
-            host, port = sock.getsockname()[:2]
-            host = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
-            print(f"minigpt serve: listening on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (port 0: any free port) on an IPv4 or IPv6 address or a host name, bound
-    before the model's first request."""
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family)
-    except (OSError, UnicodeError) as e:
-        raise InputError(f"cannot listen on {host}:{port}: {getattr(e, 'strerror', None) or e}") from None
-
-
-def server(service: Service) -> Server:
-    """A uvicorn server for the service's app, quiet but for warnings and errors (no access log)."""
-    config = uvicorn.Config(service.app(), http=Protocol, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=SHUTDOWN_GRACE_SECONDS + 2)  # ours answers them first
-    return Server(config, service)
-
-
-def serve(service: Service, sock: socket.socket) -> None:
-    """Serve on `sock` until SIGINT or SIGTERM: then stop accepting, give running requests
-    SHUTDOWN_GRACE_SECONDS to finish, answer the rest 503 (streams: an error event and [DONE]) and return."""
-    server(service).run(sockets=[sock])

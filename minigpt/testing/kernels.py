@@ -54,7 +54,7 @@ def _openblas_threads() -> tuple[Callable, Callable] | None:
 @contextlib.contextmanager
 def blas_threads(n: int) -> Iterator[None]:
     """OpenBLAS runs n threads inside the block (the whole process's BLAS: nothing else should run
-    products meanwhile), then as many as before. minigpt's own count (tuning.threads) stays as the
+    products meanwhile), then as many as before. minigpt's own count (threads.threads) stays as the
     process started: it decides the exact kernels' alignment, valid at every count up to it."""
     set_threads, get_threads = _openblas_threads()
     before = get_threads()

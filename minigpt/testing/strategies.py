@@ -24,7 +24,7 @@ from ..gpt2.params import GPT2Params
 from ..exact.attention import PAGE
 from ..exact.causal_proof import record_forward
 from ..exact.kernels import EXACT, BatchKernels
-from ..loading.checkpoint import save_checkpoint
+from ..loading.checkpoint_writer import save_checkpoint
 from ..loading.model import Model
 from ..loading.options import MAX_BIAS, MAX_PENALTY, OPTIONS
 from ..loading.safetensors_format import ENCODINGS

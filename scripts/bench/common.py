@@ -19,10 +19,10 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.exact.attention import BatchPart
 from minigpt.exact.kernels import FAST
-from minigpt.exact.tuning import threads as blas_threads
+from minigpt.exact.threads import threads as blas_threads
 from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.loading.loader import load
 from minigpt.loading.model import Model

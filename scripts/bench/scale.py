@@ -32,7 +32,7 @@ from minigpt.cache.kv_cache import forward_cached
 from minigpt.cli.pictures import plot_lines
 from minigpt.exact.kernels import EXACT, FAST
 from minigpt.gpt2.config import GPT2_SIZES
-from minigpt.loading.checkpoint import save_checkpoint
+from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.loading.model import Model
 from minigpt.loading.weights import params_to_tensors, random_params
 from minigpt.loop.cost import gpt2_architecture, kv_bytes_per_token

@@ -1,9 +1,10 @@
-"""OpenAI's completions API over minigpt, without the HTTP: a request body checked into minigpt
-Requests, and results shaped into OpenAI's JSON (minigpt.scripted.serve puts it on a socket).
+"""OpenAI's completions request, without the HTTP: a body checked into one CompletionRequest, which
+holds minigpt Requests (the answer is shaped by minigpt.scripted.completion_response; minigpt.scripted.serve
+puts both on a socket).
 
 The fields are the declared options' (minigpt.loading.options.OPTIONS: each option's `field`) and
 the API's own (n, best_of, echo, stream, ...). Every option is checked by the library's own checks
-(make_request), so the server refuses exactly what `minigpt.generate` refuses, with the library's
+(check_options, request_of), so the server refuses exactly what `minigpt.generate` refuses, with the library's
 message naming the API's fields (max_tokens where the library says max_new_tokens) and the field in
 the error's `param`. A choice is one Request; choice j of a prompt samples with seed + j, so each
 equals `minigpt.generate` with that seed alone. With best_of, candidate j of a prompt samples with
@@ -12,21 +13,19 @@ seed + j, and the n with the highest cumulative log-probability are its choices 
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import json
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..loading.options import OPTIONS, from_json
-from ..loading.requests import make_request
+from ..loading.options import OPTIONS, check_options, from_json
+from ..loading.requests import request_of
 from ..loading.structured import CONSTRAINTS
 from ..errors import ContextLengthError, InputError, MinigptError, check_int, unique_keys
 from ..loading.model import Model
 from ..loop.sampling import MAX_TOP_LOGPROBS
-from ..loop.sequence import GenerationResult, Request, StreamedToken
+from ..loop.sequence import GenerationResult, Request
 from ..loading.tokenizer import encode, no_tokenizer, token_text
 
 DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}  # OpenAI's, where they are not the library's
@@ -39,7 +38,6 @@ FIELDS = ("model", "prompt", "n", "best_of", "echo", "stream", "stream_options",
           "structured_outputs", "response_format", *(o.field for o in OPTIONS.values() if o.field))  # suffix: only null
 STRUCTURED = {"regex": "regex", "json": "json_schema", "choice": "choice", "grammar": "grammar",
               "json_object": "json_schema"}  # vLLM's structured_outputs keys -> the library's keywords
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
 class APIError(InputError):
@@ -59,7 +57,7 @@ class APIError(InputError):
 
 
 @dataclass(frozen=True)
-class Completion:
+class CompletionRequest:
     """A checked completions request: one Request per prompt, and how to answer."""
 
     requests: list[Request]  # one per prompt; candidate j of prompt i is candidate i * best_of + j
@@ -122,7 +120,7 @@ def parse_json(body: bytes) -> dict:
     return value
 
 
-def check_completion(model: Model, served_name: str, body: dict, capacity: int) -> Completion:
+def completion_request(model: Model, served_name: str, body: dict, capacity: int) -> CompletionRequest:
     """A completions body checked before any work (APIError naming the field), with OpenAI's defaults:
     max_tokens 16, temperature 1, n 1, best_of n, and a seed drawn from the system's randomness when
     none is given. More candidates than `capacity` (what the server can ever hold in flight) is a 400,
@@ -159,16 +157,21 @@ def check_completion(model: Model, served_name: str, body: dict, capacity: int) 
     if options.get("seed") is None:
         options["seed"] = secrets.randbits(63)  # OpenAI samples at random without a seed: so does the server
     prompts = prompt_ids(model, body["prompt"])
+    fields = {constraint[1]: constraint[0]} if constraint else {}
+    try:
+        values = check_options(options)  # once, for every prompt's request
+    except MinigptError as e:
+        raise library_error(e, len(prompts), fields) from None
     requests = []
     for i, ids in enumerate(prompts):
         try:
-            requests.append(make_request(model, ids, **options))
+            requests.append(request_of(model, ids, values, False))
         except MinigptError as e:
             e.prompt = i
-            raise library_error(e, len(prompts), {constraint[1]: constraint[0]} if constraint else {}) from None
+            raise library_error(e, len(prompts), fields) from None
     empty = [not ids for ids in prompts]  # started from <|endoftext|>, which echo does not show
-    return Completion(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage, empty,
-                      token_ids)
+    return CompletionRequest(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage,
+                             empty, token_ids)
 
 
 def constraint_field(body: dict) -> tuple[str, str, object] | None:
@@ -276,7 +279,7 @@ def prompt_count(prompt) -> int:
 
 def prompt_ids(model: Model, prompt) -> list:
     """The prompts (already counted by prompt_count) as token-id lists; ids themselves are checked by
-    make_request."""
+    request_of."""
     if isinstance(prompt, str):
         return [encode_text(model, prompt)]
     if isinstance(prompt[0], str):
@@ -309,119 +312,3 @@ def library_error(error: MinigptError, prompts: int, fields: dict[str, str] | No
     code = "context_length_exceeded" if isinstance(error, ContextLengthError) else None
     name = lambda keyword: (fields or {}).get(keyword) or field(keyword)  # noqa: E731
     return APIError(where + error.message(name), None if error.param is None else name(error.param), code)
-
-
-# ------------------------------------------------------------------------------ answers
-
-
-def finish_reason(result: GenerationResult) -> str:
-    return FINISH_REASONS[result.finish_reason]
-
-
-def logprobs_json(tokenizer, completion: Completion, tokens: list[int], logprobs: list, top: list | None,
-                  offsets: list[int]) -> dict:
-    """OpenAI's logprobs object for these tokens at these text offsets (TextOffsets).
-    top: per token, the N most likely (id, logprob), or None for a position that has none."""
-    return {"tokens": [completion.token_name(tokenizer, t) for t in tokens], "token_logprobs": logprobs,
-            "top_logprobs": None if top is None else [None if step is None else top_dict(tokenizer, completion, step)
-                                                      for step in top],
-            "text_offset": offsets}
-
-
-class TextOffsets:
-    """Where each token begins in the text: the characters decoded from the tokens before it, so a
-    token that ends inside a character begins where that character does, and the next one after it
-    (as vLLM counts them from its incremental detokenizer)."""
-
-    def __init__(self, tokenizer, start: int = 0):
-        self.tokenizer, self.chars = tokenizer, start
-        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-
-    def of(self, tokens: list[int]) -> list[int]:
-        offsets = []
-        for token in tokens:
-            offsets.append(self.chars)
-            self.chars += len(self.decoder.decode(self.tokenizer.decode_single_token_bytes(token)))
-        return offsets
-
-
-def top_dict(tokenizer, completion: Completion, step: list[tuple[int, float]]) -> dict[str, float]:
-    """The most likely tokens as OpenAI gives them, name -> logprob, most likely first (two tokens
-    with one text, such as two bytes shown as U+FFFD, keep the likelier)."""
-    top: dict[str, float] = {}
-    for token, logprob in step:
-        top.setdefault(completion.token_name(tokenizer, token), logprob)
-    return top
-
-
-def prompt_part(tokenizer, completion: Completion, index: int, result: GenerationResult,
-                offsets: TextOffsets) -> tuple[str, dict | None]:
-    """What echo puts first: the prompt's text and, with logprobs, its tokens' (the first null). A
-    prompt sent empty echoes nothing: the <|endoftext|> it started from is not its text."""
-    empty = completion.empty[index // completion.n]
-    ids = [] if empty else list(result.prompt_ids)
-    text = tokenizer.decode(ids)
-    if completion.logprobs is None:
-        offsets.of(ids)
-        return text, None
-    top = result.prompt_top_logprobs if completion.logprobs else None
-    scored = slice(len(result.prompt_ids) - len(ids), None)
-    return text, logprobs_json(tokenizer, completion, ids, result.prompt_logprobs[scored],
-                               None if top is None else top[scored], offsets.of(ids))
-
-
-def choice_json(tokenizer, completion: Completion, index: int, result: GenerationResult) -> dict:
-    """One choice of a whole answer."""
-    offsets = TextOffsets(tokenizer)
-    text, logprobs = prompt_part(tokenizer, completion, index, result, offsets) if completion.echo else ("", None)
-    if completion.logprobs is not None:
-        top = result.top_logprobs if completion.logprobs else None
-        new = logprobs_json(tokenizer, completion, result.tokens, result.logprobs, top, offsets.of(result.tokens))
-        logprobs = new if logprobs is None else {key: joined(logprobs[key], new[key]) for key in new}
-    return {"index": index, "text": text + result.text, "logprobs": logprobs,
-            "finish_reason": finish_reason(result)}
-
-
-def joined(a: list | None, b: list | None) -> list | None:
-    return None if a is None else a + b
-
-
-def usage_json(completion: Completion, results: list[GenerationResult]) -> dict:
-    """Tokens counted as OpenAI counts them, over every candidate's result: each prompt once, every
-    candidate's new tokens (the best_of not chosen too); cached: each prompt's first candidate's
-    positions taken from the prefix cache."""
-    firsts = results[::completion.best_of]
-    prompt = sum(len(r.prompt_ids) for r in firsts)
-    new = sum(len(r.tokens) for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": new, "total_tokens": prompt + new,
-            "prompt_tokens_details": {"cached_tokens": sum(r.cached_tokens for r in firsts)}}
-
-
-def envelope(identity: str, served_name: str, choices: list[dict], created: int | None = None) -> dict:
-    return {"id": identity, "object": "text_completion", "created": int(time.time()) if created is None else created,
-            "model": served_name, "choices": choices, "system_fingerprint": None}
-
-
-class ChoiceStream:
-    """One choice as streamed chunks: each released token's share of the text, and its logprobs'
-    text_offset carried on from chunk to chunk."""
-
-    def __init__(self, tokenizer, completion: Completion, index: int):
-        self.tokenizer, self.completion, self.index = tokenizer, completion, index
-        self.offsets = TextOffsets(tokenizer)
-
-    def echo(self, result: GenerationResult) -> dict:
-        """The first chunk of an echo: the prompt's text and, with logprobs, its tokens' (once scored)."""
-        text, logprobs = prompt_part(self.tokenizer, self.completion, self.index, result, self.offsets)
-        return {"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": None}
-
-    def chunk(self, records: list[StreamedToken], result: GenerationResult | None) -> dict:
-        """The chunk of these newly released tokens; result: the choice's, when they are its last."""
-        tokens = [r.token for r in records]
-        logprobs = None
-        if self.completion.logprobs is not None:
-            top = [r.top_logprobs for r in records] if self.completion.logprobs else None
-            logprobs = logprobs_json(self.tokenizer, self.completion, tokens, [r.logprob for r in records], top,
-                                     self.offsets.of(tokens))
-        return {"index": self.index, "text": "".join(r.text for r in records), "logprobs": logprobs,
-                "finish_reason": None if result is None else finish_reason(result)}
