@@ -82,7 +82,7 @@ MUTANTS = [
         f"{REFERENCES}::test_temperature_top_k_and_top_p_keep_exactly_the_tokens_transformers_keeps_with_its_probabilities"),
     bug("greedy-argmin", "temperature 0 takes the most likely token", SAMPLING,
         "return int(np.argmax(logits))", "return int(np.argmax(logits[:-1]))", "tests/test_sampling.py", "tests/test_parity_text.py"),
-    bug("stop-string-later-match", "the text ends before the first stop string to begin", "minigpt/loop/sequence.py",
+    bug("stop-string-later-match", "the text ends before the first stop string to begin", "minigpt/loop/stops.py",
         "first = start if first is None else min(first, start)", "first = start if first is None else max(first, start)",
         "tests/properties/test_stop_strings.py", "tests/test_sequence.py"),
     bug("presence-penalty-added", "the presence penalty is subtracted from a seen token's logit (OpenAI's formula)",
