@@ -172,7 +172,7 @@ MUTANTS = [
         "            if not mine and self._driver is not None:", "            if False:",
         "tests/test_engine.py"),
     bug("overflow-fails-the-batch", "a sequence whose weights overflow fails alone, the batch goes on",
-        "minigpt/engine/scheduler.py", "except (InputError, NumericalError) as e:", "except InputError as e:",
+        "minigpt/engine/engine.py", "except (InputError, NumericalError) as e:", "except InputError as e:",
         "tests/test_numerical_failures.py"),
     # part 7: scripted use
     bug("preparation-outlives-the-stop", "a request still being prepared at SIGTERM is answered 503 after the grace period",

@@ -56,7 +56,7 @@ def test_a_preempted_sequence_holds_nothing_and_gets_its_tokens_alone(tiny_model
     jobs = [engine.submit(make_request(tiny_model, prompt, 60, stop_at_eos=False)) for prompt in prompts]
     while engine.stats()["preemptions"] == 0:
         engine.step()
-    victims = [job for job in jobs if job.seq.preemptions]
+    victims = [job for job in jobs if job.preemptions]
     assert victims and all(job.cache.pages == [] and job.hashes == [] for job in victims)
     while engine.pending():
         engine.step()

@@ -1,9 +1,9 @@
 """One request being generated: its checked options, its random generator, the tokens it has
 produced with their log-probabilities, and the rules that end it.
 
-Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.loop.loops), speculative
-decoding (minigpt.engine.speculative) and the engine (minigpt.engine.scheduler). So they choose, record
-and stop alike, and a sequence's result does not depend on which loop produced it.
+Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.loop.loops), and the
+loops of part 6. So they choose, record and stop alike, and a sequence's result does not depend on
+which loop produced it.
 
 A sequence ends at the first of: its end-of-text token (`stop_at_eos`), `max_new_tokens` tokens,
 a stop string in its new text, or a processor saying nothing may follow (a grammar matched whole);
@@ -80,14 +80,8 @@ class GenerationResult:
     step_seconds: list[float]  # wall time of the step that produced each token (the first includes the prefill)
     logprobs: list[float]  # log P(token | everything before it) under the model's raw distribution
     top_logprobs: list[list[tuple[int, float]]] | None  # per token, the N most likely (id, logprob); None: not asked
-    finish_reason: str  # "eos", "length" or "stop"; "abort" for an engine's job cancelled before its end
+    finish_reason: str  # "eos", "length" or "stop" ("abort": an engine's job cancelled before its end)
     use_cache: bool  # the cached loop (every loop but generate's naive one)
-    preemptions: int = 0  # times the engine's scheduler took its cache away (minigpt.engine.scheduler)
-    drafted: int = 0  # tokens proposed by a speculative drafter (minigpt.engine.speculative)
-    accepted: int = 0  # of those, how many the model accepted
-    cached_tokens: int = 0  # prompt positions whose keys and values came from an engine's prefix cache
-    prompt_logprobs: list[float | None] | None = None  # [None, log P(prompt[1] | prompt[:1]), ...]; None: not asked
-    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None  # per prompt position, with top_logprobs
 
 
 @dataclass(frozen=True)
@@ -121,9 +115,6 @@ class Sequence:
     seconds: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     released: int = 0  # tokens whose share of the text is final (what `stream` may show)
-    preemptions: int = 0
-    drafted: int = 0
-    accepted: int = 0
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.request.sampling.seed)
@@ -165,7 +156,7 @@ class Sequence:
     @property
     def ready(self) -> bool:
         """Its next row can be processed at once: no processor has work to do first (a grammar's mask
-        to compute, which the engine does on its mask thread: minigpt.engine.scheduler)."""
+        to compute, which part 6's engine does on a thread of its own)."""
         return all(getattr(processor, "ready", True) for processor in self.processors)
 
     def prepare(self) -> None:
@@ -229,7 +220,7 @@ class Sequence:
             list(self.request.prompt), list(self.tokens), None if self.request.token_bytes is None else "".join(self.texts),
             list(self.seconds), list(self.logprobs),
             [list(t) for t in self.top_logprobs] if self.request.top_logprobs else None,
-            self.finish_reason, use_cache, self.preemptions, self.drafted, self.accepted)
+            self.finish_reason, use_cache)
 
     def streamed(self, start: int) -> list[StreamedToken]:
         """Records of the released tokens from index `start` on."""

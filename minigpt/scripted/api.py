@@ -19,7 +19,7 @@ from ..loading.model import Model, check_model, named_overflow, overflow
 from ..loading.options import takes_options
 from ..loading.requests import make_request
 from ..engine.drafters import check_speculation
-from ..engine.speculative import speculative_steps
+from ..engine.speculative import DraftCounts, SpeculativeResult, speculative_steps
 from ..engine.engine import MAX_BATCH_SIZE, Engine
 from . import scoring
 
@@ -28,10 +28,10 @@ from . import scoring
 
 
 def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, use_cache: bool, speculate,
-                       draft_tokens: int | None, options: dict) -> tuple[Sequence, Iterator[None]]:
-    """Check a request now, before any work; return its sequence and its loop, not yet started: the
+                       draft_tokens: int | None, options: dict) -> tuple[Sequence, Iterator[None], DraftCounts | None]:
+    """Check a request now, before any work; return its sequence, its loop, not yet started (the
     naive, cached or speculative steps, each yielding after a model step, with an overflow named
-    by its layer."""
+    by its layer) and, speculating, the counts of its drafts."""
     request = make_request(model, prompt_ids, max_new_tokens, **options)
     seq = Sequence(request)
     if speculate is not None:
@@ -39,12 +39,13 @@ def sequence_and_steps(model: Model, prompt_ids, max_new_tokens: int, use_cache:
             raise InputError("speculative decoding checks drafts against the KV cache: it cannot run without it",
                              "use_cache")
         drafter, draft_tokens = check_speculation(model, speculate, draft_tokens, request.max_positions)
-        return seq, checked_steps(model, seq, speculative_steps(model, seq, drafter, draft_tokens))
+        counts = DraftCounts()
+        return seq, checked_steps(model, seq, speculative_steps(model, seq, drafter, draft_tokens, counts)), counts
     if draft_tokens is not None:  # an option without effect is a mistake, never silently ignored
         raise InputError("{draft_tokens} ({value}) has no effect without {speculate} (the drafter)", "draft_tokens",
                          value=shown(draft_tokens))
     loop = cached_steps if check_bool(use_cache, "use_cache") else naive_steps
-    return seq, checked_steps(model, seq, loop(model, seq))
+    return seq, checked_steps(model, seq, loop(model, seq)), None
 
 
 def checked_steps(gpt: GPT2, seq: Sequence, loop: Iterator) -> Iterator:
@@ -75,14 +76,16 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     """
     if on_step is not None and not callable(on_step):
         raise InputError("{on_step} must be a function or None, got {value}", "on_step", value=type(on_step).__name__)
-    seq, loop = sequence_and_steps(model, prompt_ids, max_new_tokens, use_cache, speculate, draft_tokens, options)
+    seq, loop, counts = sequence_and_steps(model, prompt_ids, max_new_tokens, use_cache, speculate, draft_tokens,
+                                           options)
     reported = 0
     for _ in loop:
         if on_step is not None:
             for i in range(reported, len(seq.tokens)):
                 on_step(i + 1, seq.seconds[i])
             reported = len(seq.tokens)
-    return seq.result(bool(use_cache))  # checked in sequence_and_steps: True or False, maybe NumPy's
+    result = seq.result(bool(use_cache))  # checked in sequence_and_steps: True or False, maybe NumPy's
+    return result if counts is None else SpeculativeResult(**vars(result), **vars(counts))
 
 
 @takes_options(batched=False)
@@ -92,7 +95,7 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
     `generate`'s keywords (without on_step), checked at the call. A token is held back while its
     text could still begin a stop string, so that the streamed texts concatenate to generate's `text`
     and nothing streamed is taken back (docs/sampling.md)."""
-    seq, loop = sequence_and_steps(model, prompt_ids, max_new_tokens, use_cache, speculate, draft_tokens, options)
+    seq, loop, _ = sequence_and_steps(model, prompt_ids, max_new_tokens, use_cache, speculate, draft_tokens, options)
 
     def tokens() -> Iterator[StreamedToken]:
         shown = 0
