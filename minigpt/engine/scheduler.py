@@ -10,7 +10,7 @@ chose and records what came out.
 Keys and values live in one PagePool (minigpt.engine.paging). When it runs out mid-generation, cached
 prefix pages nobody holds are evicted first; then the most recently admitted running sequence is
 *preempted*: its pages go back to the pool and it waits at the head of the queue, its keys and
-values recomputed when it is readmitted.
+values recomputed when it is readmitted (its tokens, and so its logits processors, are kept).
 
 With the prefix cache, a request admitted takes the full pages its ids begin with from the cache
 instead of computing them (`cached_tokens`). Requests that arrive together and share a prefix are

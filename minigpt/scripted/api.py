@@ -21,6 +21,7 @@ from ..loading.requests import make_request
 from ..engine.drafters import check_speculation
 from ..engine.speculative import DraftCounts, SpeculativeResult, speculative_steps
 from ..engine.engine import MAX_BATCH_SIZE, Engine
+from ..engine.scheduler import EngineResult
 from . import scoring
 
 
@@ -112,7 +113,7 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
 
 @takes_options(batched=True)
 def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: int = MAX_BATCH_SIZE,
-                   kv_cache_tokens: int | None = None, prefix_cache: bool = True, **options) -> list[GenerationResult]:
+                   kv_cache_tokens: int | None = None, prefix_cache: bool = True, **options) -> list[EngineResult]:
     """Generate for every prompt (a list of token-id lists), decoding up to `max_batch_size` of them
     together, on a one-shot Engine (prompts of one call share their prefixes). Returns the results
     in prompt order.
