@@ -19,7 +19,7 @@ from minigpt.loading.options import OPTIONS, check_options
 from minigpt.loading.weights import params_to_tensors
 from minigpt.exact.kernels import EXACT, FAST
 from minigpt.engine.scheduler import EngineResult
-from minigpt.gpt2.layers import PLAIN, Kernels, attend, attention_weights
+from minigpt.gpt2.layers import PLAIN, Kernels, attend
 from minigpt.engine.drafters import ModelDrafter, NGramDrafter
 from minigpt.gpt2.config import GPT2Config
 from minigpt.loading.model import Model
@@ -106,7 +106,7 @@ def reader_s_own(x, w, b):
     return x @ w.T if b is None else x @ w.T + b
 
 
-@pytest.mark.parametrize("kernels", [FAST, PLAIN, Kernels("mine", reader_s_own, attend, attention_weights)],
+@pytest.mark.parametrize("kernels", [FAST, PLAIN, Kernels("mine", reader_s_own, attend)],
                          ids=["fast", "plain", "a reader's x @ w.T"])
 def test_check_kernels_fails_a_set_whose_rows_change_with_the_batch_giving_the_falsifying_example(kernels):
     with pytest.raises(AssertionError) as e:
@@ -170,7 +170,7 @@ def test_check_drafter_names_a_breach_of_the_contract(drafter, breach):
 
 
 def test_check_kernels_sees_a_linear_map_whose_bits_follow_the_blas_thread_count():
-    from minigpt.exact.attention import exact_attend, exact_weights
+    from minigpt.exact.attention import exact_attend
     from minigpt.exact.linear import exact_linear
     from minigpt.testing.kernels import _openblas_threads
 
@@ -183,4 +183,4 @@ def test_check_kernels_sees_a_linear_map_whose_bits_follow_the_blas_thread_count
         return np.nextafter(y, np.inf) if found[1]() > 1 else y
 
     with pytest.raises(AssertionError, match="at 1 BLAS thread vs this process's count"):
-        check_kernels(Kernels("threads", by_threads, exact_attend, exact_weights), max_examples=5)
+        check_kernels(Kernels("threads", by_threads, exact_attend), max_examples=5)
