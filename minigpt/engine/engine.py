@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int
 from ..exact.batched import forward_batch
-from ..loading.model import Model, check_model, named_overflow, overflow
+from ..loading.model import Model, check_model, overflow
 from ..loading.options import takes_options
 from ..loading.requests import make_requests
 from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
@@ -134,8 +134,9 @@ class Engine:
             if not jobs:
                 return finished, 0
             clock = time.perf_counter()
-            logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs],
-                                   [job.cache for job in jobs], [0 if job.needs_prompt_scores else 1 for job in jobs])
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is its job's NumericalError
+                logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs], [job.cache for job in jobs],
+                                       [0 if job.needs_prompt_scores else 1 for job in jobs])
             made = sum(self._record(job, rows, clock) for job, rows in zip(jobs, logits))  # rows [T or 1, vocab]
             return finished + self.scheduler.finish(jobs), made
 
@@ -183,7 +184,7 @@ class Engine:
             self.check_fits(requests)
             jobs = [self._queue(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
             mine = set(jobs)
-            for job in named_overflow(self.gpt, self.run(on_step), lambda: []):
+            for job in self.run(on_step):
                 if job in mine and job.error is not None:  # its weights overflowed, or its processing gave up
                     raise failure(self.gpt, job)
                 if job in mine:
