@@ -217,14 +217,7 @@ class PagedCache:
 
     def __init__(self, pool: PagePool, pages: list[int] | None = None, length: int = 0):
         self.pool, self.pages, self._length = pool, [] if pages is None else pages, length  # pages: the page table
-
-    @property
-    def k(self) -> np.ndarray:
-        return self.pool.k
-
-    @property
-    def v(self) -> np.ndarray:
-        return self.pool.v
+        self.k, self.v = pool.k, pool.v  # the store its keys and values lie in: the pool's
 
     @property
     def length(self) -> int:

@@ -201,8 +201,8 @@ class Scheduler:
         for job in list(self.waiting):
             if len(self.running) >= self.max_batch_size:
                 return
-            ids = job.seq.ids
-            hashes = self._page_hashes(ids) if self.prefix_cache else []
+            ids = job.seq.ids  # the hashes of its full pages before its last id (always fed: it chooses the next)
+            hashes = chained_hashes(self.root, ids, 0, (len(ids) - 1) // PAGE) if self.prefix_cache else []
             if self.prefix_cache:
                 self._take_cached(job, ids, hashes)
                 if len(job.hashes) < len(hashes) and hashes[len(job.hashes)] in pending:
@@ -215,11 +215,6 @@ class Scheduler:
             self.running.append(job)
             job.status = Status.PREFILL if job.status is Status.QUEUED else Status.RUNNING
             pending.update(hashes[len(job.hashes):])
-
-    def _page_hashes(self, ids: list[int]) -> list[bytes]:
-        """The chained hashes of the full pages of ids before its last id (which is always fed: its
-        logits choose the next token)."""
-        return chained_hashes(self.root, ids, 0, (len(ids) - 1) // PAGE)
 
     def _take_cached(self, job: Job, ids: list[int], hashes: list[bytes]) -> None:
         """Give the job the cached pages its ids begin with (with scores, if it needs them)."""
