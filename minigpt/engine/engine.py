@@ -61,7 +61,7 @@ class Engine:
         self.scheduler = Scheduler(self.pool, self.max_batch_size, check_bool(prefix_cache, "prefix_cache"), root)
         self._lock = threading.Lock()  # guards the two fields below
         self._driver: int | None = None  # the thread in a step, or in a run or results it started
-        self._outside = False  # that thread runs the caller's code: an on_step, or the loop over results
+        self._outside = False  # that thread runs the caller's code: an on_tokens, or the loop over results
 
     @contextlib.contextmanager
     def _driving(self, within_run: bool = False) -> Iterator[None]:
@@ -71,7 +71,7 @@ class Engine:
         with self._lock:
             mine = within_run and self._driver == me and not self._outside
             if not mine and self._driver is not None:
-                where = "inside its own run (an on_step, or a loop over its results)" if self._driver == me \
+                where = "inside its own run (an on_tokens, or a loop over its results)" if self._driver == me \
                     else "by another thread"
                 raise EngineBusyError(f"this Engine is being driven {where}: one engine is driven from one "
                                       "thread at a time, one call after another (use one Engine per thread)")
@@ -140,17 +140,17 @@ class Engine:
             made = sum(self._record(job, rows, clock) for job, rows in zip(jobs, logits))  # rows [T or 1, vocab]
             return finished + self.scheduler.finish(jobs), made
 
-    def run(self, on_step: Callable[[int], None] | None = None) -> Iterator[Job]:
-        """Step until every submitted request has finished, yielding each as it finishes; on_step(new
-        tokens) after every step. However it ends (an error, Ctrl-C, the caller stopping early),
+    def run(self, on_tokens: Callable[[int], None] | None = None) -> Iterator[Job]:
+        """Step until every submitted request has finished, yielding each as it finishes; on_tokens(n)
+        after every step that made n tokens. However it ends (an error, Ctrl-C, the caller stopping early),
         every unfinished request is cancelled and its pages are back in the pool."""
         with self._driving(within_run=True):
             try:
                 while self.scheduler.pending():
                     finished, made = self.step()
                     with self._outside_call():
-                        if on_step is not None and made:
-                            on_step(made)
+                        if on_tokens is not None and made:
+                            on_tokens(made)
                         yield from finished
             finally:
                 for job in self.scheduler.jobs():
@@ -175,16 +175,16 @@ class Engine:
         return results
 
     def results(self, requests: list[Request], prompt_logprobs: list[bool],
-                on_step: Callable[[int], None] | None = None) -> Iterator[tuple[int, EngineResult]]:
-        """Run checked requests to the end: (index, result) as each of them finishes; on_step(new
-        tokens) after every step. Requests submitted otherwise run alongside, to their end, but are
+                on_tokens: Callable[[int], None] | None = None) -> Iterator[tuple[int, EngineResult]]:
+        """Run checked requests to the end: (index, result) as each of them finishes; on_tokens(n)
+        after every step that made n tokens. Requests submitted otherwise run alongside, to their end, but are
         not among the results. A request that could never fit in the pool is refused before any work; one
         whose processing gives up mid-way (a grammar beyond llguidance's limits) raises its error then."""
         with self._driving():
             self.check_fits(requests)
             jobs = [self._queue(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
             mine = set(jobs)
-            for job in self.run(on_step):
+            for job in self.run(on_tokens):
                 if job in mine and job.error is not None:  # its weights overflowed, or its processing gave up
                     raise failure(self.gpt, job)
                 if job in mine:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..gpt2.config import GPT2Config
-from ..exact.attention import PAGE
+from ..exact.attention import PAGE  # a page is the exact attention's unit of keys: it reads a page whole, in place
 from ..loop.cost import gpt2_architecture, kv_bytes_per_token
 
 
