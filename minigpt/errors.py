@@ -90,7 +90,7 @@ class DrafterError(InputError):
 
 
 class EngineBusyError(MinigptError):
-    """An Engine driven from a second thread, or from inside one of its own calls (an on_step, or the
+    """An Engine driven from a second thread, or from inside one of its own calls (an on_tokens, or the
     loop over its results): one engine is driven from one thread at a time."""
 
 

@@ -24,8 +24,8 @@ def requests_and_pool(tiny_model, prompts, n, kv_cache_tokens, max_batch_size=3)
     return requests, Engine(tiny_model, max_batch_size=max_batch_size, kv_cache_tokens=kv_cache_tokens)
 
 
-def run(engine, requests, on_step=None):
-    return engine.results(requests, [False] * len(requests), on_step)
+def run(engine, requests, on_tokens=None):
+    return engine.results(requests, [False] * len(requests), on_tokens)
 
 
 def test_a_tight_pool_preempts_and_every_sequence_still_gets_its_tokens_alone(tiny_model):
@@ -108,12 +108,12 @@ def test_every_page_is_back_in_the_pool_after_an_error_an_interrupt_or_an_early_
     pool = engine.pool
     steps = []
 
-    def on_step(n):
+    def on_tokens(n):
         steps.append(n)
         if len(steps) == 5 and stop != "close":
             raise RuntimeError("boom") if stop == "error" else KeyboardInterrupt
 
-    loop = run(engine, requests, on_step)
+    loop = run(engine, requests, on_tokens)
     if stop == "close":
         next(loop, None)  # the first finished sequence, mid-batch
         assert pool.in_use > 0

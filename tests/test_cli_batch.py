@@ -221,7 +221,7 @@ def test_a_bad_line_fails_the_run_before_any_work_naming_the_line(capsys, tmp_pa
     def no_work(*args, **kwargs):
         raise AssertionError("the scheduler ran")
 
-    monkeypatch.setattr(minigpt.engine.scheduler.Scheduler, "step", no_work)
+    monkeypatch.setattr(minigpt.engine.scheduler.Scheduler, "schedule", no_work)
     lines = [{"prompt_ids": [1]}, "", bad, {"prompt_ids": [2]}]
     code, outputs, err = batch(capsys, tmp_path, lines, small, *argv)
     assert (code, outputs) == (2, None)  # OUTPUT not even created

@@ -56,7 +56,7 @@ def test_a_preempted_sequence_holds_nothing_and_gets_its_tokens_alone(tiny_model
     jobs = [engine.submit(make_request(tiny_model, prompt, 60, stop_at_eos=False)) for prompt in prompts]
     while engine.stats()["preemptions"] == 0:
         engine.step()
-    victims = [job for job in jobs if job.seq.preemptions]
+    victims = [job for job in jobs if job.preemptions]
     assert victims and all(job.cache.pages == [] and job.hashes == [] for job in victims)
     while engine.pending():
         engine.step()
@@ -134,12 +134,12 @@ def test_a_second_thread_driving_an_engine_gets_engine_busy_and_the_first_gets_i
 
     engine, started, ready, job_results = minigpt.Engine(tiny_model), threading.Event(), threading.Event(), []
 
-    def on_step(tokens):  # the first thread waits here, mid-run, while the test's thread tries to drive
+    def on_tokens(tokens):  # the first thread waits here, mid-run, while the test's thread tries to drive
         started.set()
         ready.wait(5)
 
     runner = threading.Thread(target=lambda: job_results.extend(
-        r for _, r in engine.results([make_request(tiny_model, PREFIX, 5, stop_at_eos=False)], [False], on_step)))
+        r for _, r in engine.results([make_request(tiny_model, PREFIX, 5, stop_at_eos=False)], [False], on_tokens)))
     runner.start()
     assert started.wait(5)
     for call in (lambda: engine.generate([[1, 2]], 2), engine.step, lambda: list(engine.run())):
@@ -156,7 +156,7 @@ def test_a_call_from_inside_an_engine_s_own_run_gets_engine_busy(tiny_model):
     engine = minigpt.Engine(tiny_model)
     request = make_request(tiny_model, [1, 2, 3], 3, stop_at_eos=False)
     with pytest.raises(minigpt.errors.EngineBusyError, match="inside its own run"):
-        list(engine.results([request], [False], on_step=lambda tokens: engine.generate([[4, 5]], 1)))
+        list(engine.results([request], [False], on_tokens=lambda tokens: engine.generate([[4, 5]], 1)))
     for _, result in engine.results([request], [False]):
         for call in (lambda: engine.generate([[4, 5]], 1), engine.step):
             with pytest.raises(minigpt.errors.EngineBusyError, match="inside its own run"):

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from minigpt.loop.sampling import SamplingOptions, log_softmax, top_log_probs
-from minigpt.loop.sequence import Request, Sequence, StopMatcher
+from minigpt.loop.sequence import Request, Sequence
+from minigpt.loop.stops import StopMatcher
 
 # A made-up vocabulary of byte strings: "é" is b"\xc3\xa9", split over tokens 5 and 6.
 VOCAB = [b"a", b"E", b"N", b"D", b"xE", b"\xc3", b"\xa9END", b"<|endoftext|>", b" ", b"\xa9"]

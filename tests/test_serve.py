@@ -23,7 +23,7 @@ from serving import HOST, get, post, running_server, settled
 from serving import client, model, served  # noqa: F401 (fixtures)
 
 import minigpt
-from minigpt.engine import scheduler as engine_module
+from minigpt.engine import engine as engine_module
 from minigpt.loop.sampling import log_softmax, top_log_probs
 
 openai = pytest.importorskip("openai", reason="the openai client is not installed (pip install -e '.[test]')")
@@ -297,9 +297,9 @@ def test_a_client_that_leaves_has_its_request_cancelled_and_its_pages_freed(mode
         if stream:
             connection.getresponse().readline()
         deadline = time.monotonic() + 30
-        while not service.engine.running and time.monotonic() < deadline:
+        while not service.engine.in_batch() and time.monotonic() < deadline:
             time.sleep(0.01)
-        job = service.engine.running[0]
+        job = service.engine.in_batch()[0]
         connection.sock.shutdown(socket.SHUT_RDWR)  # gone, whoever else holds the socket (the response does)
         connection.close()
         stats = settled(service)

@@ -38,9 +38,9 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
-    def attend(self, layer: int, start: int, kernels: Kernels) -> Callable:
-        """The attend of `layer` for new positions from `start` on: store their keys and values,
-        then attend to every key so far, each head's read in one stretch of memory."""
+    def layer_attend(self, layer: int, start: int, kernels: Kernels) -> Callable:
+        """The attend function `block` calls in `layer`, for new positions from `start` on: it stores
+        their keys and values, then attends to every key so far, each head's read in one stretch of memory."""
         def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
             end = start + q.shape[1]
             self.k[layer, :, start:end] = k
@@ -56,11 +56,6 @@ class KVCache:
         """An independent cache holding the same positions: a fork, to continue two ways."""
         return type(self)(self.k.copy(), self.v.copy(), self.length)
 
-    def runs(self, n: int) -> list[tuple[int, int]]:
-        """Where positions 0 .. n-1 lie in the store, as ranges along its positions' axis: here one
-        (the batched forward, minigpt.exact.batched, asks this of every kind of cache)."""
-        return [(0, n)]
-
 
 def new_cache(config: GPT2Config, capacity: int) -> KVCache:
     """An empty cache for `capacity` positions (np.zeros maps memory lazily: untouched positions cost no RAM)."""
@@ -73,6 +68,6 @@ def forward_cached(gpt: GPT2, ids, cache: KVCache, logits_to_keep: int = 0) -> n
     start = cache.length
     x = embed(gpt.params, ids, start)  # NEW: positions start .. start+T-1
     for layer, p in enumerate(gpt.params.h):
-        x = block(x, p, gpt.config, cache.attend(layer, start, gpt.kernels), gpt.kernels.linear)  # NEW
+        x = block(x, p, gpt.config, cache.layer_attend(layer, start, gpt.kernels), gpt.kernels.linear)  # NEW
     cache.length = start + len(ids)  # NEW
     return lm_head(gpt, x, logits_to_keep)

@@ -3,8 +3,8 @@
 
 Modules, in reading order:
     paging       paged KV memory, and the prefix cache: full pages kept under the chained hash of their prefix
-    scheduler    continuous batching with a prefix cache: admission, eviction, preemption
+    scheduler    continuous batching: which jobs run next (admission, preemption, the prefix cache's hits)
     drafters     guessing tokens: prompt lookup, a draft model, and the contract a drafter of one's own keeps
     speculative  more tokens per read: several drafts checked in one forward, exactly
-    engine       Engine: the pool and the scheduler across calls, driven by one thread at a time
+    engine       Engine: a pool and a scheduler across calls; a step schedules, runs the model, records
 """

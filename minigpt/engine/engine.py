@@ -1,22 +1,32 @@
-"""The Engine: a page pool and continuous-batching scheduler that last across calls, driven by one
+"""The Engine: a page pool and a continuous-batching scheduler that last across calls, driven by one
 thread at a time, which takes a batch of prompts and returns each one's result as if it ran alone
 (docs/batching.md, docs/prefix-cache.md). generate_batch runs one; the server shares one
 (minigpt.scripted.engine_thread).
+
+A step is nano-vllm's LLMEngine.step: the scheduler chooses the jobs (minigpt.engine.scheduler),
+the model runs once over all of them (minigpt.exact.batched), and what it computed is recorded
+after: each job's token sampled, its prompt scored if asked, its newly full pages put in the prefix
+cache with their scores (minigpt.engine.paging).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Callable, Iterator
 
+import numpy as np
+
 from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int
-from ..loading.model import Model, check_model, steps_overflow_named, with_layer
+from ..exact.batched import forward_batch
+from ..loading.model import Model, check_model, with_layer
 from ..loading.options import takes_options
 from ..loading.requests import make_requests
-from ..loop.sequence import GenerationResult, Request
-from .paging import PAGE, PagePool, pages_for
-from .scheduler import Job, Scheduler
+from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
+from ..loop.sequence import Request, Sequence, check_finite
+from .paging import PAGE, PagePool, PageScores, PrefixEntry, chained_hashes, page_hash, page_tokens, pages_for
+from .scheduler import EngineResult, Job, Scheduler, Status
 
 
 MAX_BATCH_SIZE = 16  # sequences decoded together, by default
@@ -29,28 +39,29 @@ def pool_positions(n_positions: int, max_batch_size: int, kv_cache_tokens: int |
     return most if kv_cache_tokens is None else min(kv_cache_tokens, most)
 
 
-class Engine(Scheduler):
-    """A page pool and continuous-batching scheduler that last across calls, with a prefix cache:
+class Engine:
+    """A page pool and a continuous-batching scheduler that last across calls, with a prefix cache:
     full pages of keys and values are kept and reused by later requests that begin with the same
-    tokens (minigpt.engine.scheduler). The pool holds kv_cache_tokens positions (default, and at most: a whole
-    context per place in the batch); its memory is committed as pages are written."""
+    tokens. The pool holds kv_cache_tokens positions (default, and at most: a whole context per
+    place in the batch); its memory is committed as pages are written."""
 
     def __init__(self, model: Model, *, max_batch_size: int = MAX_BATCH_SIZE, kv_cache_tokens: int | None = None,
                  prefix_cache: bool = True):
-        check_model(model)
-        max_batch_size = check_int(max_batch_size, "max_batch_size", 1)
+        self.gpt = check_model(model)
+        self.max_batch_size = check_int(max_batch_size, "max_batch_size", 1)
         if kv_cache_tokens is not None:
             kv_cache_tokens = check_int(kv_cache_tokens, "kv_cache_tokens", 1)
-        tokens = pool_positions(model.config.n_positions, max_batch_size, kv_cache_tokens)
+        tokens = pool_positions(model.config.n_positions, self.max_batch_size, kv_cache_tokens)
         try:
-            pool = PagePool(model.config, pages_for(tokens))
+            self.pool = PagePool(model.config, pages_for(tokens))
         except (MemoryError, OSError, OverflowError, ValueError) as e:
             raise InputError(f"cannot reserve memory for keys and values of {tokens} positions ({{error}}): lower "
                              "{kv_cache_tokens} or {max_batch_size}", "kv_cache_tokens", error=e) from None
-        super().__init__(model, pool, max_batch_size, check_bool(prefix_cache, "prefix_cache"))
+        root = page_hash(f"{model.kernels.name} {id(model.params)}".encode(), ())  # the pool serves one model
+        self.scheduler = Scheduler(self.pool, self.max_batch_size, check_bool(prefix_cache, "prefix_cache"), root)
         self._lock = threading.Lock()  # guards the two fields below
         self._driver: int | None = None  # the thread in a step, or in a run or results it started
-        self._outside = False  # that thread runs the caller's code: an on_step, or the loop over results
+        self._outside = False  # that thread runs the caller's code: an on_tokens, or the loop over results
 
     @contextlib.contextmanager
     def _driving(self, within_run: bool = False) -> Iterator[None]:
@@ -60,7 +71,7 @@ class Engine(Scheduler):
         with self._lock:
             mine = within_run and self._driver == me and not self._outside
             if not mine and self._driver is not None:
-                where = "inside its own run (an on_step, or a loop over its results)" if self._driver == me \
+                where = "inside its own run (an on_tokens, or a loop over its results)" if self._driver == me \
                     else "by another thread"
                 raise EngineBusyError(f"this Engine is being driven {where}: one engine is driven from one "
                                       "thread at a time, one call after another (use one Engine per thread)")
@@ -82,28 +93,72 @@ class Engine(Scheduler):
             self._outside = False
 
     def submit(self, request: Request, index: int = 0, prompt_logprobs: bool = False) -> Job:
-        """Scheduler.submit (from any thread), after refusing a request that could never fit in the pool:
-        queued, it would wait for pages forever."""
+        """Queue a checked request (from any thread); it joins the batch at a coming step. A request
+        that could never fit in the pool is refused: queued, it would wait for pages forever."""
         self.check_fits([request])
-        return super().submit(request, index, prompt_logprobs)
+        return self._queue(request, index, prompt_logprobs)
+
+    def _queue(self, request: Request, index: int, prompt_logprobs: bool) -> Job:
+        job = Job(index, Sequence(request), self.pool.new_cache(), prompt_logprobs)
+        self.scheduler.add(job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Stop a request: at the next step it leaves, its pages back in the pool."""
+        job.status = Status.CANCELLED
+
+    def stats(self) -> dict:
+        pool, scheduler = self.pool, self.scheduler
+        return {"pages_total": pool.n_pages, "pages_in_use": pool.in_use, "pages_cached": len(pool.cached),
+                "pages_free": int(pool.free.sum()), "cached_token_hits": scheduler.cached_token_hits,
+                "evictions": pool.evictions, "preemptions": scheduler.preemptions}
+
+    def in_batch(self) -> list[Job]:
+        """The jobs of the running batch, oldest first (a copy)."""
+        return list(self.scheduler.running)
+
+    def queued(self) -> list[Job]:
+        """The jobs waiting for a place or for pages, next first (a copy)."""
+        return list(self.scheduler.waiting)
+
+    def pending(self) -> bool:
+        """Jobs are submitted, waiting or running: a step has work (if only to let cancelled ones leave)."""
+        return self.scheduler.pending()
 
     def step(self) -> tuple[list[Job], int]:
-        """Scheduler.step, by one thread at a time."""
+        """One step, by one thread at a time: schedule, run the model over the scheduled jobs (a
+        prefill for the newly admitted, one token for the others), record what it computed.
+        Returns the jobs that finished and the tokens made."""
         with self._driving(within_run=True):
-            return super().step()
+            finished, jobs = self.scheduler.schedule()
+            if not jobs:
+                return finished, 0
+            clock = time.perf_counter()
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is its job's NumericalError
+                logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs], [job.cache for job in jobs],
+                                       [0 if job.needs_prompt_scores else 1 for job in jobs])
+            made = sum(self._record(job, rows, clock) for job, rows in zip(jobs, logits))  # rows [T or 1, vocab]
+            return finished + self.scheduler.finish(jobs), made
 
-    def run(self, on_step: Callable[[int], None] | None = None) -> Iterator[Job]:
-        """Scheduler.run, holding the engine for this thread until it ends."""
+    def run(self, on_tokens: Callable[[int], None] | None = None) -> Iterator[Job]:
+        """Step until every submitted request has finished, yielding each as it finishes; on_tokens(n)
+        after every step that made n tokens. However it ends (an error, Ctrl-C, the caller stopping early),
+        every unfinished request is cancelled and its pages are back in the pool."""
         with self._driving(within_run=True):
-            def called(tokens: int) -> None:
-                with self._outside_call():
-                    on_step(tokens)
-            for job in super().run(None if on_step is None else called):
-                with self._outside_call():
-                    yield job
+            try:
+                while self.scheduler.pending():
+                    finished, made = self.step()
+                    with self._outside_call():
+                        if on_tokens is not None and made:
+                            on_tokens(made)
+                        yield from finished
+            finally:
+                for job in self.scheduler.jobs():
+                    job.status = Status.CANCELLED
+                self.step()
 
     @takes_options(batched=True)
-    def generate(self, prompts, max_new_tokens=40, *, prompt_logprobs=False, **options) -> list[GenerationResult]:
+    def generate(self, prompts, max_new_tokens=40, *, prompt_logprobs=False, **options) -> list[EngineResult]:
         """generate_batch's options (each one value or one per prompt) and prompt_logprobs: results in
         prompt order, each as if generated alone. With prompt_logprobs, result.prompt_logprobs is
         [None, log P(ids[1] | ids[:1]), ...] (bitwise minigpt.score's with the exact kernels) and,
@@ -114,22 +169,22 @@ class Engine(Scheduler):
         if len(scoring) != len(requests):
             raise InputError(f"{{prompt_logprobs}} has {len(scoring)} values for {len(requests)} prompts",
                              "prompt_logprobs")
-        results: list[GenerationResult | None] = [None] * len(requests)
+        results: list[EngineResult | None] = [None] * len(requests)
         for i, result in self.results(requests, [check_bool(p, "prompt_logprobs") for p in scoring]):
             results[i] = result
         return results
 
     def results(self, requests: list[Request], prompt_logprobs: list[bool],
-                on_step: Callable[[int], None] | None = None) -> Iterator[tuple[int, GenerationResult]]:
-        """Run checked requests to the end: (index, result) as each of them finishes; on_step(new
-        tokens) after every step. Requests submitted otherwise run alongside, to their end, but are
+                on_tokens: Callable[[int], None] | None = None) -> Iterator[tuple[int, EngineResult]]:
+        """Run checked requests to the end: (index, result) as each of them finishes; on_tokens(n)
+        after every step that made n tokens. Requests submitted otherwise run alongside, to their end, but are
         not among the results. A request that could never fit in the pool is refused before any work; one
         whose processing gives up mid-way (a grammar beyond llguidance's limits) raises its error then."""
         with self._driving():
             self.check_fits(requests)
-            jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
+            jobs = [self._queue(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
             mine = set(jobs)
-            for job in steps_overflow_named(self.gpt, self.run(on_step), lambda: []):
+            for job in self.run(on_tokens):
                 if job in mine and job.error is not None:  # its weights overflowed, or its processing gave up
                     raise failure(self.gpt, job)
                 if job in mine:
@@ -143,6 +198,57 @@ class Engine(Scheduler):
                                  f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); "
                                  f"the pool holds {self.pool.n_pages * PAGE} ({{kv_cache_tokens}})",
                                  "kv_cache_tokens", prompt=i)
+
+    def _record(self, job: Job, rows: np.ndarray, clock: float) -> int:
+        """What a step computed for a job (its rows [T or 1, vocab]): its prompt's scores if it asked
+        for them, its next token, its newly full pages in the prefix cache. The tokens it made. A
+        job whose weights overflow, or whose processing gives up (a grammar beyond its library's
+        limits), alone ends: the batch goes on."""
+        made = 0
+        try:
+            check_finite(rows, job)  # the weights overflow on its ids
+            if job.needs_prompt_scores:
+                self._score_prompt(job, rows)
+            if not job.seq.done:
+                job.seq.append(job.seq.choose(rows[-1]), rows[-1], time.perf_counter() - clock)
+                made = 1
+        except (InputError, NumericalError) as e:
+            job.error, job.status = e, Status.CANCELLED
+            return 0
+        if self.scheduler.prefix_cache:
+            self._register(job, rows)
+        if job.status is Status.PREFILL:
+            job.status = Status.RUNNING
+        return made
+
+    def _score_prompt(self, job: Job, rows: np.ndarray) -> None:
+        """The prompt's scores at its prefill: from the cached pages' scores, then from the rows
+        computed, row r scoring token r + 1: bitwise what minigpt.score computes."""
+        prompt, n, entries = job.seq.request.prompt, job.seq.request.top_logprobs, self.pool.entries
+        start = job.cache.length - len(rows)  # the first position fed
+        job.scores = [None]
+        for j in range(1, len(prompt)):
+            if j < start and j % PAGE:  # inside a cached page
+                s = entries[job.cache.pages[j // PAGE]].scores
+                job.scores.append((s.logprobs[j % PAGE - 1], None if s.top is None else s.top[j % PAGE - 1][:n]))
+            else:  # after a cached page's last position, or after a computed row
+                row = entries[job.cache.pages[j // PAGE - 1]].scores.last_row if j <= start else rows[j - 1 - start]
+                job.scores.append((token_log_prob(row, prompt[j]), top_log_probs(log_softmax(row), n) if n else None))
+
+    def _register(self, job: Job, rows: np.ndarray) -> None:
+        """Put the job's newly full pages into the prefix cache, with their scores when this step
+        computed them (a scoring prefill of the page's positions)."""
+        ids, start, first, stop = job.seq.ids, job.cache.length - len(rows), len(job.hashes), job.cache.length // PAGE
+        parent = job.hashes[-1] if job.hashes else self.scheduler.root
+        for i, h in zip(range(first, stop), chained_hashes(parent, ids, first, stop)):
+            job.hashes.append(h)
+            scores = None
+            if job.needs_prompt_scores and i * PAGE >= start and (i + 1) * PAGE <= len(job.seq.request.prompt):
+                mine = job.scores[i * PAGE + 1:(i + 1) * PAGE]
+                n = job.seq.request.top_logprobs
+                scores = PageScores(tuple(s[0] for s in mine), tuple(s[1] for s in mine) if n else None, n,
+                                    rows[(i + 1) * PAGE - 1 - start].copy())
+            self.pool.register(job.cache.pages[i], PrefixEntry(h, page_tokens(ids, i), scores))
 
 
 def failure(gpt, job: Job) -> MinigptError:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..gpt2.config import GPT2Config
-from ..exact.attention import PAGE
+from ..exact.attention import PAGE  # a page is the exact attention's unit of keys: it reads a page whole, in place
 from ..loop.cost import gpt2_architecture, kv_bytes_per_token
 
 
@@ -78,8 +78,8 @@ class PageScores:
 
 
 @dataclass(frozen=True, eq=False)
-class PageKey:
-    """How a full page is found again: the chained hash of its prefix, its own token ids (checked on
+class PrefixEntry:
+    """A full page's entry in the prefix cache: how it is found again: the chained hash of its prefix, its own token ids (checked on
     every hit) and, from a prefill that computed them, its scores."""
 
     hash: bytes
@@ -99,7 +99,7 @@ class PagePool:
         self.refs = np.zeros(n_pages, np.int64)
         self.free = np.ones(n_pages, bool)
         self.cached: OrderedDict[int, None] = OrderedDict()
-        self.keys: dict[int, PageKey] = {}  # page -> its key, for every page in the prefix cache
+        self.entries: dict[int, PrefixEntry] = {}  # page -> its entry, for every page in the prefix cache
         self.by_hash: dict[bytes, int] = {}
         self.peak_in_use = self.evictions = 0
 
@@ -152,7 +152,7 @@ class PagePool:
         for page in reversed(cache.pages):
             self.refs[page] -= 1
             if self.refs[page] == 0:
-                if page in self.keys:
+                if page in self.entries:
                     self.cached[page] = None  # the most recently used
                 else:
                     self.free[page] = True
@@ -161,21 +161,21 @@ class PagePool:
     def lookup(self, hash: bytes, tokens: tuple[int, ...]) -> int | None:
         """The cached page of this prefix hash, if its token ids are these."""
         page = self.by_hash.get(hash)
-        return page if page is not None and self.keys[page].tokens == tokens else None
+        return page if page is not None and self.entries[page].tokens == tokens else None
 
-    def register(self, page: int, key: PageKey) -> None:
-        """Put a held, full page into the prefix cache under its key. A page already there for the
+    def register(self, page: int, entry: PrefixEntry) -> None:
+        """Put a held, full page into the prefix cache under its entry. A page already there for the
         same prefix stays, unless this one brings scores and it has none: then this one replaces it."""
-        known = self.by_hash.get(key.hash)
+        known = self.by_hash.get(entry.hash)
         if known is not None:
-            if key.scores is None or self.keys[known].scores is not None:
+            if entry.scores is None or self.entries[known].scores is not None:
                 return
             self._forget(known)
-        self.keys[page], self.by_hash[key.hash] = key, page
+        self.entries[page], self.by_hash[entry.hash] = entry, page
 
     def _forget(self, page: int) -> None:
         """Take a page out of the prefix cache; if nobody holds it, it is free."""
-        del self.by_hash[self.keys.pop(page).hash]
+        del self.by_hash[self.entries.pop(page).hash]
         if self.cached.pop(page, False) is None:
             self.free[page] = True
 
@@ -187,7 +187,7 @@ class PagePool:
         whole, in place, its slots past the sequence's length included."""
         if not self.free.any():
             page, _ = self.cached.popitem(last=False)
-            del self.by_hash[self.keys.pop(page).hash]
+            del self.by_hash[self.entries.pop(page).hash]
             self.evictions += 1
         else:
             if wanted is None or wanted >= self.n_pages or not self.free[wanted]:
@@ -217,14 +217,7 @@ class PagedCache:
 
     def __init__(self, pool: PagePool, pages: list[int] | None = None, length: int = 0):
         self.pool, self.pages, self._length = pool, [] if pages is None else pages, length  # pages: the page table
-
-    @property
-    def k(self) -> np.ndarray:
-        return self.pool.k
-
-    @property
-    def v(self) -> np.ndarray:
-        return self.pool.v
+        self.k, self.v = pool.k, pool.v  # the store its keys and values lie in: the pool's
 
     @property
     def length(self) -> int:

@@ -1,49 +1,39 @@
-"""Continuous batching: many requests decoded together on one page pool that lasts, each exactly as if alone.
+"""Continuous batching: which of many requests run in the next step on one page pool that lasts.
 
 Decoding one token reads every weight once; B sequences decoded in one forward share that read
-(docs/batching.md). The `Scheduler` runs a *continuous batch*: it keeps up to `max_batch_size`
-sequences running, each with its own sampling options and generator; a sequence that finishes
-leaves at once and a waiting one takes its place in the next step, so short replies never wait
-for long ones. Requests can be submitted and cancelled while others run.
+(docs/batching.md). The `Scheduler` keeps a *continuous batch*: up to `max_batch_size` sequences
+running, each with its own sampling options and generator; a sequence that finishes leaves at once
+and a waiting one takes its place in the next step, so short replies never wait for long ones.
+It decides what runs and nothing else; the engine (minigpt.engine.engine) runs the model on what it
+chose and records what came out.
 
 Keys and values live in one PagePool (minigpt.engine.paging). When it runs out mid-generation, cached
 prefix pages nobody holds are evicted first; then the most recently admitted running sequence is
 *preempted*: its pages go back to the pool and it waits at the head of the queue, its keys and
-values recomputed when it is readmitted.
+values recomputed when it is readmitted (its tokens, and so its logits processors, are kept).
 
-With the prefix cache, every full page a sequence writes (prompt or generated) is kept under the
-chained hash of its prefix; a later request whose ids begin with the same pages takes them
+With the prefix cache, a request admitted takes the full pages its ids begin with from the cache
 instead of computing them (`cached_tokens`). Requests that arrive together and share a prefix are
-admitted one after the other, so that it is computed once. With the exact kernels a position's
-keys and values depend on its prefix alone, so a reused page holds bitwise what recomputing would
-write: tokens and log-probabilities are the same cold or warm, preempted or not, in any batch
-(docs/paging.md).
+admitted one after the other, so that it is computed once. With the exact kernels a reused page
+holds bitwise what recomputing would write (docs/paging.md, docs/prefix-cache.md).
 
-A constrained sequence's next mask is computed on the engine's mask thread, apart from the steps: a
-sequence whose mask is not ready sits out the step, so that a costly grammar holds up its own
-sequence only (docs/logits-processing.md).
+A constrained sequence's next mask is computed on the mask thread, apart from the steps: a sequence
+whose mask is not ready sits out the step, so that a costly grammar holds up its own sequence only
+(docs/logits-processing.md).
 
 Source: Inference Engineering (fanout.sh, inference-eng): the second fix of "The Autoregressive Loop & Cost".
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
-import numpy as np
-
-from ..errors import InputError, MinigptError, NumericalError
-from ..gpt2.forward import GPT2
-from .paging import PAGE, PageKey, PagedCache, PagePool, PageScores, chained_hashes, page_hash, page_tokens
-from ..exact.batched import forward_batch
-from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
-from ..loop.sequence import GenerationResult, Request, Sequence, check_finite
+from ..errors import MinigptError
+from ..loop.sequence import GenerationResult, Sequence
+from .paging import PAGE, PagedCache, PagePool, chained_hashes, page_tokens
 
 MASK_WAIT_SECONDS = 0.05  # a step in which no sequence is ready waits this long for a mask, then returns
 
@@ -58,9 +48,19 @@ class Status(enum.Enum):
     CANCELLED = "cancelled"  # asked to stop: it leaves at the next step
 
 
+@dataclass(frozen=True)
+class EngineResult(GenerationResult):
+    """A GenerationResult from the engine, with what the engine did for it."""
+
+    preemptions: int = 0  # times the scheduler took its cache away
+    cached_tokens: int = 0  # prompt positions whose keys and values came from the prefix cache
+    prompt_logprobs: list[float | None] | None = None  # [None, log P(prompt[1] | prompt[:1]), ...]; None: not asked
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None  # per prompt position, with top_logprobs
+
+
 @dataclass(eq=False)
 class Job:
-    """One request in the engine: its sequence and cache, and what the prefix cache knows of it."""
+    """One request in the engine: its part-3 sequence, its pages, and what the engine did for it."""
 
     index: int
     seq: Sequence
@@ -68,6 +68,7 @@ class Job:
     prompt_logprobs: bool  # asked for log P(prompt[i] | prompt[:i]), scored at its prefill
     hashes: list[bytes] = field(default_factory=list)  # of its full pages in the prefix cache, in order
     cached_tokens: int = 0  # prompt positions whose keys and values came from the prefix cache
+    preemptions: int = 0
     scores: list = field(default_factory=list)  # per prompt position: (logprob, top) or None
     status: Status = Status.QUEUED
     error: MinigptError | None = None  # why its request could not go on (it was cancelled then)
@@ -86,21 +87,22 @@ class Job:
     def finished(self) -> bool:
         return self.status is Status.CANCELLED or self.seq.done and not self.needs_prompt_scores
 
-    def result(self) -> GenerationResult:
+    def result(self) -> EngineResult:
         logprobs = [None if s is None else s[0] for s in self.scores] if self.prompt_logprobs else None
         top = ([None if s is None else s[1] for s in self.scores]
                if self.prompt_logprobs and self.seq.request.top_logprobs else None)
-        result = self.seq.result(use_cache=True)  # a job cancelled before its end: finish reason "abort", as vLLM's
-        return dataclasses.replace(result, finish_reason=result.finish_reason or "abort",
-                                   cached_tokens=self.cached_tokens, prompt_logprobs=logprobs, prompt_top_logprobs=top)
+        result = vars(self.seq.result(use_cache=True))  # a job cancelled before its end: "abort", as vLLM's
+        return EngineResult(**{**result, "finish_reason": result["finish_reason"] or "abort"},
+                            preemptions=self.preemptions, cached_tokens=self.cached_tokens,
+                            prompt_logprobs=logprobs, prompt_top_logprobs=top)
 
 
 class Scheduler:
-    """Continuous batching with preemption and a prefix cache, over one PagePool, one step at a time."""
+    """Which jobs run in the next step: admission, preemption and the prefix cache's hits, over one PagePool."""
 
-    def __init__(self, gpt: GPT2, pool: PagePool, max_batch_size: int, prefix_cache: bool):
-        self.gpt, self.pool, self.max_batch_size, self.prefix_cache = gpt, pool, max_batch_size, prefix_cache
-        self.root = page_hash(f"{gpt.kernels.name} {id(gpt.params)}".encode(), ())  # the pool serves one model
+    def __init__(self, pool: PagePool, max_batch_size: int, prefix_cache: bool, root: bytes):
+        self.pool, self.max_batch_size, self.prefix_cache = pool, max_batch_size, prefix_cache
+        self.root = root  # the hash every page chain starts from: the model the pool serves
         self.inbox: deque[Job] = deque()  # submitted, not yet seen by a step (any thread may append)
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []  # in order of admission
@@ -108,54 +110,23 @@ class Scheduler:
         self.masks: ThreadPoolExecutor | None = None  # the mask thread, started by the first sequence that needs it
         self.preparing: dict[Job, Future] = {}  # jobs whose next mask it computes
 
-    def submit(self, request: Request, index: int = 0, prompt_logprobs: bool = False) -> Job:
-        """Queue a checked request; it joins the batch at a coming step."""
-        job = Job(index, Sequence(request), self.pool.new_cache(), prompt_logprobs)
+    def add(self, job: Job) -> None:
+        """Queue a job; it joins the batch at a coming step."""
         self.inbox.append(job)
-        return job
 
-    def cancel(self, job: Job) -> None:
-        """Stop a request: at the next step it leaves, its pages back in the pool."""
-        job.status = Status.CANCELLED
-
-    def stats(self) -> dict:
-        pool = self.pool
-        return {"pages_total": pool.n_pages, "pages_in_use": pool.in_use, "pages_cached": len(pool.cached),
-                "pages_free": int(pool.free.sum()), "cached_token_hits": self.cached_token_hits,
-                "evictions": pool.evictions, "preemptions": self.preemptions}
-
-    def in_batch(self) -> list[Job]:
-        """The jobs of the running batch, oldest first (a copy)."""
-        return list(self.running)
-
-    def queued(self) -> list[Job]:
-        """The jobs waiting for a place or for pages, next first (a copy)."""
-        return list(self.waiting)
+    def jobs(self) -> list[Job]:
+        """Every job submitted, waiting or running."""
+        return [*self.inbox, *self.waiting, *self.running]
 
     def pending(self) -> bool:
         """Jobs are submitted, waiting or running: a step has work (if only to let cancelled ones leave)."""
         return bool(self.inbox or self.waiting or self.running)
 
-    def run(self, on_step: Callable[[int], None] | None = None) -> Iterator[Job]:
-        """Step until every submitted request has finished, yielding each as it finishes; on_step(new
-        tokens) after every step. However it ends (an error, Ctrl-C, the caller stopping early),
-        every unfinished request is cancelled and its pages are back in the pool."""
-        try:
-            while self.pending():
-                finished, produced = self.step()
-                if on_step is not None and produced:
-                    on_step(produced)
-                yield from finished
-        finally:
-            for job in [*self.inbox, *self.waiting, *self.running]:
-                job.status = Status.CANCELLED
-            self.step()
-
-    def step(self) -> tuple[list[Job], int]:
-        """One step: take in submitted requests, drop cancelled ones, make room for the running
-        sequences' next positions (evicting, then preempting the newest), admit waiting ones while
-        there are places and pages, then one forward over all running sequences (a prefill for the
-        newly admitted, one token for the others). Returns the jobs that finished and the tokens made."""
+    def schedule(self) -> tuple[list[Job], list[Job]]:
+        """The next step's jobs: take in submitted ones, drop cancelled and finished ones, make room for
+        the running sequences' next positions (evicting, then preempting the newest), admit waiting
+        ones while there are places and pages. Returns the jobs that left finished, and the jobs to
+        run now (a prefill for the newly admitted, one token for the others)."""
         while self.inbox:
             self.waiting.append(self.inbox.popleft())
         finished = [job for job in [*self.waiting, *self.running] if job.finished]
@@ -164,32 +135,14 @@ class Scheduler:
         preempted = self._make_room()
         if not preempted:
             self._admit()
-        jobs = self._ready()
-        if not jobs:
-            return finished, 0
-        clock = time.perf_counter()
-        logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs],
-                               [job.cache for job in jobs], [0 if job.needs_prompt_scores else 1 for job in jobs])
-        produced = 0
-        for job, rows in zip(jobs, logits):  # rows [T or 1, vocab]
-            try:
-                check_finite(rows, job)  # the weights overflow on its ids
-                if job.needs_prompt_scores:
-                    self._score_prompt(job, rows)
-                if not job.seq.done:
-                    job.seq.append(job.seq.choose(rows[-1]), rows[-1], time.perf_counter() - clock)
-                    produced += 1
-            except (InputError, NumericalError) as e:  # or its processing gave up (a grammar beyond its
-                job.error, job.status = e, Status.CANCELLED  # library's limits): it alone ends, the batch goes on
-                continue
-            if self.prefix_cache:
-                self._register(job, rows)
-            if job.status is Status.PREFILL:
-                job.status = Status.RUNNING
-        for job in [job for job in jobs if job.finished]:
+        return finished, self._ready()
+
+    def finish(self, jobs: list[Job]) -> list[Job]:
+        """Those of a step's jobs that finished, out of the batch, their pages back in the pool."""
+        finished = [job for job in jobs if job.finished]
+        for job in finished:
             self._leave(job)
-            finished.append(job)
-        return finished, produced
+        return finished
 
     def _ready(self) -> list[Job]:
         """The running jobs that take part in this step. One whose next row needs work first (a
@@ -232,7 +185,7 @@ class Scheduler:
                 victim = self.running.pop()
                 self._release(victim)
                 victim.status = Status.PREEMPTED if victim.status is Status.RUNNING else Status.QUEUED
-                victim.seq.preemptions += 1
+                victim.preemptions += 1
                 self.preemptions += 1
                 self.waiting.appendleft(victim)
                 preempted = True
@@ -248,8 +201,8 @@ class Scheduler:
         for job in list(self.waiting):
             if len(self.running) >= self.max_batch_size:
                 return
-            ids = job.seq.ids
-            hashes = self._page_hashes(ids) if self.prefix_cache else []
+            ids = job.seq.ids  # the hashes of its full pages before its last id (always fed: it chooses the next)
+            hashes = chained_hashes(self.root, ids, 0, (len(ids) - 1) // PAGE) if self.prefix_cache else []
             if self.prefix_cache:
                 self._take_cached(job, ids, hashes)
                 if len(job.hashes) < len(hashes) and hashes[len(job.hashes)] in pending:
@@ -263,16 +216,11 @@ class Scheduler:
             job.status = Status.PREFILL if job.status is Status.QUEUED else Status.RUNNING
             pending.update(hashes[len(job.hashes):])
 
-    def _page_hashes(self, ids: list[int]) -> list[bytes]:
-        """The chained hashes of the full pages of ids before its last id (which is always fed: its
-        logits choose the next token)."""
-        return chained_hashes(self.root, ids, 0, (len(ids) - 1) // PAGE)
-
     def _take_cached(self, job: Job, ids: list[int], hashes: list[bytes]) -> None:
         """Give the job the cached pages its ids begin with (with scores, if it needs them)."""
         for i, h in enumerate(hashes):
             page = self.pool.lookup(h, page_tokens(ids, i))
-            scores = None if page is None else self.pool.keys[page].scores
+            scores = None if page is None else self.pool.entries[page].scores
             if page is None or job.needs_prompt_scores and (scores is None or scores.top_n < job.seq.request.top_logprobs):
                 break
             self.pool.share(job.cache, page)
@@ -281,32 +229,3 @@ class Scheduler:
         if job.status is Status.QUEUED:
             job.cached_tokens = job.cache.length
             self.cached_token_hits += job.cache.length
-
-    def _score_prompt(self, job: Job, rows: np.ndarray) -> None:
-        """The prompt's scores at its prefill: from the cached pages' scores, then from the rows
-        computed, row r scoring token r + 1: bitwise what minigpt.score computes."""
-        prompt, n = job.seq.request.prompt, job.seq.request.top_logprobs
-        start = job.cache.length - len(rows)  # the first position fed
-        job.scores = [None]
-        for j in range(1, len(prompt)):
-            if j < start and j % PAGE:  # inside a cached page
-                s = self.pool.keys[job.cache.pages[j // PAGE]].scores
-                job.scores.append((s.logprobs[j % PAGE - 1], None if s.top is None else s.top[j % PAGE - 1][:n]))
-            else:  # after a cached page's last position, or after a computed row
-                row = self.pool.keys[job.cache.pages[j // PAGE - 1]].scores.last_row if j <= start else rows[j - 1 - start]
-                job.scores.append((token_log_prob(row, prompt[j]), top_log_probs(log_softmax(row), n) if n else None))
-
-    def _register(self, job: Job, rows: np.ndarray) -> None:
-        """Put the job's newly full pages into the prefix cache, with their scores when this step
-        computed them (a scoring prefill of the page's positions)."""
-        ids, start, first, stop = job.seq.ids, job.cache.length - len(rows), len(job.hashes), job.cache.length // PAGE
-        for i, h in zip(range(first, stop), chained_hashes(job.hashes[-1] if job.hashes else self.root, ids, first, stop)):
-            tokens = page_tokens(ids, i)
-            job.hashes.append(h)
-            scores = None
-            if job.needs_prompt_scores and i * PAGE >= start and (i + 1) * PAGE <= len(job.seq.request.prompt):
-                mine = job.scores[i * PAGE + 1:(i + 1) * PAGE]
-                n = job.seq.request.top_logprobs
-                scores = PageScores(tuple(s[0] for s in mine), tuple(s[1] for s in mine) if n else None, n,
-                                    rows[(i + 1) * PAGE - 1 - start].copy())
-            self.pool.register(job.cache.pages[i], PageKey(h, tokens, scores))

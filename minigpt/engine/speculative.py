@@ -32,6 +32,7 @@ Source: Inference Engineering (fanout.sh, inference-eng): the third fix of "The 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -39,10 +40,26 @@ import numpy as np
 from ..gpt2.forward import GPT2
 from ..cache.kv_cache import forward_cached, new_cache
 from ..loop.sampling import draw
-from ..loop.sequence import Sequence, check_finite
+from ..loop.sequence import GenerationResult, Sequence, check_finite
 from .drafters import Drafter
 
 MAX_WAIT = 64  # plain steps at most between two single-draft tries
+
+
+@dataclass
+class DraftCounts:
+    """One sequence's drafts, counted as speculative_steps goes: tokens proposed, and accepted."""
+
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass(frozen=True)
+class SpeculativeResult(GenerationResult):
+    """A GenerationResult of speculative decoding, with its drafts counted."""
+
+    drafted: int = 0  # tokens proposed by the drafter
+    accepted: int = 0  # of those, how many the model accepted
 
 
 def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -87,9 +104,10 @@ def verify(seq: Sequence, logits: np.ndarray, drafts: list[int], q: np.ndarray |
     return kept
 
 
-def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: int) -> Iterator[None]:
+def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: int,
+                      counts: DraftCounts) -> Iterator[None]:
     """The cached loop with drafts: each step proposes up to k tokens, checks them in one forward
-    and appends the tokens it keeps to `seq`. Yields after every step."""
+    and appends the tokens it keeps to `seq`, counting them in `counts`. Yields after every step."""
     request, options = seq.request, seq.request.sampling
     cache = new_cache(gpt.config, request.max_positions)
     k, wait, idle = draft_tokens, 1, 0
@@ -110,8 +128,8 @@ def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: 
         n_accepted = verify(seq, logits, drafts, q, time.perf_counter() - clock)
         cache.truncate(len(ids) + n_accepted)  # keep the accepted drafts' keys, drop the rejected ones
         drafter.accepted(len(ids) + n_accepted)
-        seq.drafted += proposed
-        seq.accepted += n_accepted
+        counts.drafted += proposed
+        counts.accepted += n_accepted
         if proposed:  # adapt k: +2 after a full acceptance, -1 after a rejection (0: plain steps)
             if n_accepted == proposed:
                 k, wait = min(draft_tokens, k + 2), 1

@@ -1,8 +1,8 @@
 """The batched forward: several sequences' new positions through the weights together, each
 attending to its own keys and values only, every weight read once for all of them (docs/batching.md).
 
-The exact kernels read a sequence's keys in place, in runs of consecutive pages (PagedCache.runs,
-a forward's Placement); their bits do not depend on where the runs break (minigpt.exact.attention),
+The exact kernels read a sequence's keys in place, in runs of consecutive slots (`slot_runs`, a
+forward's Placement); their bits do not depend on where the runs break (minigpt.exact.attention),
 so a paged, batched sequence gets bitwise gpt2.forward's logits.
 """
 
@@ -14,6 +14,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from ..cache.kv_cache import KVCache
 from ..gpt2.forward import GPT2, embed, lm_head
 from ..gpt2.layers import block
 from .attention import BatchPart, Segments
@@ -27,7 +28,7 @@ class Placement:
 
     k: np.ndarray  # [n_layer, H, slots, hd]
     v: np.ndarray
-    new: np.ndarray | slice  # the new positions' slots
+    new_slots: np.ndarray | slice  # the new positions' slots
     length: int  # positions so far, the new ones included
     runs: list[tuple[int, int]]  # the slots of positions 0 .. length-1, in order (a pool's: whole pages)
 
@@ -50,38 +51,43 @@ def writes(placements: list[Placement], rows: list[slice]) -> list[Write]:
     for group in by_store.values():
         place = group[0][0]
         if len(group) == 1:
-            out.append((place.k, place.v, place.new, group[0][1]))
+            out.append((place.k, place.v, place.new_slots, group[0][1]))
         else:
-            slots = [np.arange(p.new.start, p.new.stop) if isinstance(p.new, slice) else p.new for p, _ in group]
+            slots = [np.arange(p.new_slots.start, p.new_slots.stop) if isinstance(p.new_slots, slice) else p.new_slots
+                     for p, _ in group]
             filled = [np.arange(r.start, r.stop) for _, r in group]
             out.append((place.k, place.v, np.concatenate(slots), np.concatenate(filled)))
     return out
 
 
 class Cache(Protocol):
-    """What the batched forward asks of a cache; kv_cache.KVCache and paging.PagedCache both answer."""
+    """What the batched forward asks of a cache: a KVCache, or one whose positions lie in its store
+    in several runs (a page pool's, minigpt.engine.paging), which says where with runs(n)."""
 
     k: np.ndarray  # [n_layer, H, slots, hd]: the store its keys lie in
     v: np.ndarray
     length: int
 
-    def runs(self, n: int) -> list[tuple[int, int]]:
-        """Where positions 0 .. n-1 lie in the store, as ranges of its slots (its third axis), in order."""
+
+def slot_runs(cache: Cache, n: int) -> list[tuple[int, int]]:
+    """Where positions 0 .. n-1 lie in a cache's store, as ranges of its slots (its third axis), in
+    order: a KVCache's in one stretch, another cache's as its runs(n) says."""
+    return [(0, n)] if isinstance(cache, KVCache) else cache.runs(n)
 
 
 def placement(cache: Cache, n: int) -> Placement:
     """The Placement of n new positions after a cache's: their slots, read off the runs (a slice when
     they follow each other, which writes faster)."""
     start, end = cache.length, cache.length + n
-    runs, parts, first = cache.runs(end), [], 0  # first: the position a run begins with
+    runs, parts, first = slot_runs(cache, end), [], 0  # first: the position a run begins with
     for a, b in runs:
         lo, hi = max(start, first), min(end, first + b - a)  # the new positions in this run
         if lo < hi:
             parts.append(np.arange(a + lo - first, a + hi - first))
         first += b - a
     slots = np.concatenate(parts)
-    new = slice(int(slots[0]), int(slots[-1]) + 1) if (np.diff(slots) == 1).all() else slots
-    return Placement(cache.k, cache.v, new, end, runs)
+    new_slots = slice(int(slots[0]), int(slots[-1]) + 1) if (np.diff(slots) == 1).all() else slots
+    return Placement(cache.k, cache.v, new_slots, end, runs)
 
 
 def batch_attend(layer: int, placements: list[Placement], rows: list[slice], stores: list[Write],

@@ -17,8 +17,10 @@ from .linear import exact_linear
 
 @dataclass(frozen=True)
 class BatchKernels(Kernels):
-    """A kernel set with the batched forward's operation too (minigpt.exact.batched)."""
+    """A kernel set a Model runs on: with the attention weights `attend` uses, which tracing shows
+    (minigpt.exact.tracing), and the batched forward's operation (minigpt.exact.batched)."""
 
+    attention_weights: Callable  # (q [H, T, hd], k [H, S, hd]) -> [H, T, S]
     attend_batch: Callable  # (q [H, N, hd], [attention.BatchPart, ...]) -> [H, N, hd]: each sequence over its own keys
 
 

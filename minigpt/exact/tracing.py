@@ -39,7 +39,7 @@ def traced_forward(gpt: GPT2, ids, cache: KVCache | None = None, logits_to_keep:
     x = embed(gpt.params, ids, start)  # [T, C]
     trace.hidden.append(x)
     for layer, p in enumerate(gpt.params.h):
-        attend = gpt.kernels.attend if cache is None else cache.attend(layer, start, gpt.kernels)
+        attend = gpt.kernels.attend if cache is None else cache.layer_attend(layer, start, gpt.kernels)
         kept = heads if layers is None or layer in layers else []
         x = block(x, p, gpt.config, recording(attend, gpt, trace, cache, layer, kept), gpt.kernels.linear)
         trace.hidden.append(x)

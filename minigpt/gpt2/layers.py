@@ -79,10 +79,9 @@ class Kernels:
     name: str
     linear: Callable  # (x [T, n_in], weight [n_out, n_in], bias [n_out] | None) -> [T, n_out]
     attend: Callable  # (q [H, T, hd], k [H, S, hd], v [H, S, hd]) -> [H, T, hd]
-    attention_weights: Callable  # (q [H, T, hd], k [H, S, hd]) -> [H, T, S], the weights `attend` uses
 
 
-PLAIN = Kernels("plain", linear, attend, attention_weights)  # what everyone writes; not batch-invariant
+PLAIN = Kernels("plain", linear, attend)  # what everyone writes; not batch-invariant
 
 
 def split_heads(x: np.ndarray, n_head: int) -> np.ndarray:

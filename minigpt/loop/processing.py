@@ -20,21 +20,15 @@ The seam, the whole interface a processing implements:
 of raw logits to float64 and hands it to each processor in the request's order (masks come last,
 so nothing after a mask can lift a token it forbids); `Sequence.append` calls `advance` with every
 token it keeps. Every loop chooses through the sequence, so every loop processes alike, and the
-loops keep three rules that make processing exact:
+loops keep two rules that make processing exact:
 
-- A row is processed only once every token before it is kept. Speculative verification
-  (minigpt.engine.speculative) processes row i + 1 after draft i is accepted and appended, and
-  never processes the rows after a rejected draft: a processor never sees a token that is taken
-  back, so it has nothing to roll back (a rejected draft leaves the sequence, and so its
-  processors, as they were).
-- Preemption (minigpt.engine.scheduler) takes a sequence's keys and values away, never its tokens:
-  its processors are kept as they are and go on when the keys and values have been recomputed.
-  The prefix cache shares keys and values only; no processing is cached.
+- A row is processed only once every token before it is kept: a processor never sees a token that
+  is taken back, so it has nothing to roll back.
 - Processing is applied to what chooses the token only. The log-probabilities a sequence reports
   are the raw row's (vLLM's default): a bias, a penalty or a mask never changes them.
 
-So with the exact kernels a processed request gets the same tokens alone, in any batch, with its
-prefix cached or not, preempted or not, and under speculative decoding, as an unprocessed one does.
+Part 6's loops keep them too (speculative decoding, preemption, the prefix cache), so that with the
+exact kernels a processed request gets the same tokens there as alone (docs/logits-processing.md).
 """
 
 from __future__ import annotations

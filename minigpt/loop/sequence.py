@@ -1,9 +1,9 @@
 """One request being generated: its checked options, its random generator, the tokens it has
 produced with their log-probabilities, and the rules that end it.
 
-Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.loop.loops), speculative
-decoding (minigpt.engine.speculative) and the engine (minigpt.engine.scheduler). So they choose, record
-and stop alike, and a sequence's result does not depend on which loop produced it.
+Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.loop.loops), and the
+loops of part 6. So they choose, record and stop alike, and a sequence's result does not depend on
+which loop produced it.
 
 A sequence ends at the first of: its end-of-text token (`stop_at_eos`), `max_new_tokens` tokens,
 a stop string in its new text, or a processor saying nothing may follow (a grammar matched whole);
@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import ContextLengthError, NumericalError, shown
 from .processing import Processing
 from .sampling import SamplingOptions, log_softmax, next_token, probabilities, token_log_prob, top_log_probs
+from .stops import StopMatcher
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,8 @@ class GenerationResult:
     step_seconds: list[float]  # wall time of the step that produced each token (the first includes the prefill)
     logprobs: list[float]  # log P(token | everything before it) under the model's raw distribution
     top_logprobs: list[list[tuple[int, float]]] | None  # per token, the N most likely (id, logprob); None: not asked
-    finish_reason: str  # "eos", "length" or "stop"; "abort" for an engine's job cancelled before its end
+    finish_reason: str  # "eos", "length" or "stop" ("abort": an engine's job cancelled before its end)
     use_cache: bool  # the cached loop (every loop but generate's naive one)
-    preemptions: int = 0  # times the engine's scheduler took its cache away (minigpt.engine.scheduler)
-    drafted: int = 0  # tokens proposed by a speculative drafter (minigpt.engine.speculative)
-    accepted: int = 0  # of those, how many the model accepted
-    cached_tokens: int = 0  # prompt positions whose keys and values came from an engine's prefix cache
-    prompt_logprobs: list[float | None] | None = None  # [None, log P(prompt[1] | prompt[:1]), ...]; None: not asked
-    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None  # per prompt position, with top_logprobs
 
 
 @dataclass(frozen=True)
@@ -100,57 +95,6 @@ class StreamedToken:
     logprob: float
     top_logprobs: list[tuple[int, float]] | None
     text: str | None
-
-
-def failure_table(pattern: bytes) -> list[int]:
-    """Knuth-Morris-Pratt's table: entry k is the length of the longest proper prefix of pattern[:k + 1]
-    that is also a suffix of it (where a partial match can resume after a mismatch)."""
-    table, k = [0] * len(pattern), 0
-    for i in range(1, len(pattern)):
-        while k and pattern[i] != pattern[k]:
-            k = table[k - 1]
-        if pattern[i] == pattern[k]:
-            k += 1
-        table[i] = k
-    return table
-
-
-class StopMatcher:
-    """Finds the first of several stop strings in bytes fed piece by piece. For each stop string it
-    keeps the length of its longest prefix that the bytes so far end with (Knuth-Morris-Pratt), so each
-    new byte costs amortised O(1) per stop string, never a rescan of what was held back."""
-
-    def __init__(self, stops: tuple[bytes, ...]):
-        self.stops = stops
-        self.tables = [failure_table(s) for s in stops]
-        self.matched = [0] * len(stops)  # per stop string: the prefix of it the bytes end with
-        self.length = 0  # bytes fed so far
-
-    def feed(self, data: bytes, counting: bool = True) -> int | None:
-        """Take the next bytes; the offset where the earliest stop string completed in them begins, or
-        None. Not `counting` (within min_tokens), a stop string completed in them is passed over."""
-        first = None
-        for j, (stop, table) in enumerate(zip(self.stops, self.tables)):
-            k = self.matched[j]
-            for i, byte in enumerate(data):
-                while k and stop[k] != byte:
-                    k = table[k - 1]
-                if stop[k] == byte:
-                    k += 1
-                if k == len(stop) and not counting:
-                    k = table[k - 1]  # go on matching, as after a mismatch
-                elif k == len(stop):  # this stop string's first occurrence: later ones begin later
-                    start = self.length + i + 1 - k
-                    first = start if first is None else min(first, start)
-                    break
-            self.matched[j] = k
-        self.length += len(data)
-        return first
-
-    @property
-    def open_from(self) -> int:
-        """Where the bytes that could still begin a stop string start: everything before is final."""
-        return self.length - max(self.matched)
 
 
 def check_finite(logits: np.ndarray, sequence: object = None) -> None:
@@ -171,9 +115,6 @@ class Sequence:
     seconds: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     released: int = 0  # tokens whose share of the text is final (what `stream` may show)
-    preemptions: int = 0
-    drafted: int = 0
-    accepted: int = 0
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.request.sampling.seed)
@@ -215,7 +156,7 @@ class Sequence:
     @property
     def ready(self) -> bool:
         """Its next row can be processed at once: no processor has work to do first (a grammar's mask
-        to compute, which the engine does on its mask thread: minigpt.engine.scheduler)."""
+        to compute, which part 6's engine does on a thread of its own)."""
         return all(getattr(processor, "ready", True) for processor in self.processors)
 
     def prepare(self) -> None:
@@ -279,7 +220,7 @@ class Sequence:
             list(self.request.prompt), list(self.tokens), None if self.request.token_bytes is None else "".join(self.texts),
             list(self.seconds), list(self.logprobs),
             [list(t) for t in self.top_logprobs] if self.request.top_logprobs else None,
-            self.finish_reason, use_cache, self.preemptions, self.drafted, self.accepted)
+            self.finish_reason, use_cache)
 
     def streamed(self, start: int) -> list[StreamedToken]:
         """Records of the released tokens from index `start` on."""

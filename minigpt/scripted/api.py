@@ -18,8 +18,9 @@ from ..loading.model import Model, check_model, overflow_named_by_layer, steps_o
 from ..loading.options import takes_options
 from ..loading.requests import make_request
 from ..engine.drafters import check_speculation
-from ..engine.speculative import speculative_steps
+from ..engine.speculative import DraftCounts, SpeculativeResult, speculative_steps
 from ..engine.engine import MAX_BATCH_SIZE, Engine
+from ..engine.scheduler import EngineResult
 from . import scoring
 
 
@@ -27,22 +28,24 @@ from . import scoring
 
 
 def sequence_and_steps(model: Model, request: Request, use_cache: bool, speculate,
-                       draft_tokens: int | None) -> tuple[Sequence, Iterator[None]]:
-    """A checked request's sequence and its loop, not yet started (the loop's own keywords checked now,
+                       draft_tokens: int | None) -> tuple[Sequence, Iterator[None], DraftCounts | None]:
+    """A checked request's sequence, its loop, not yet started (the loop's own keywords checked now,
     before any work): the naive, cached or speculative steps, each yielding after a model step, with
-    an overflow named by its layer."""
+    an overflow named by its layer; and, speculating, the counts of its drafts."""
     seq = Sequence(request)
     if speculate is not None:
         if not check_bool(use_cache, "use_cache"):
             raise InputError("speculative decoding checks drafts against the KV cache: it cannot run without it",
                              "use_cache")
         drafter, draft_tokens = check_speculation(model, speculate, draft_tokens, request.max_positions)
-        return seq, steps_overflow_named(model, speculative_steps(model, seq, drafter, draft_tokens), lambda: seq.ids)
+        counts = DraftCounts()
+        steps = speculative_steps(model, seq, drafter, draft_tokens, counts)
+        return seq, steps_overflow_named(model, steps, lambda: seq.ids), counts
     if draft_tokens is not None:  # an option without effect is a mistake, never silently ignored
         raise InputError("{draft_tokens} ({value}) has no effect without {speculate} (the drafter)", "draft_tokens",
                          value=shown(draft_tokens))
     loop = cached_steps if check_bool(use_cache, "use_cache") else naive_steps
-    return seq, steps_overflow_named(model, loop(model, seq), lambda: seq.ids)
+    return seq, steps_overflow_named(model, loop(model, seq), lambda: seq.ids), None
 
 
 @takes_options(batched=False)
@@ -76,14 +79,15 @@ def generate_request(model: Model, request: Request, *, use_cache: bool = True, 
                      draft_tokens: int | None = None,
                      on_step: Callable[[int, float], None] | None = None) -> GenerationResult:
     """`generate` for a Request make_request (or request_of, on options checked once) has made."""
-    seq, loop = sequence_and_steps(model, request, use_cache, speculate, draft_tokens)
+    seq, loop, counts = sequence_and_steps(model, request, use_cache, speculate, draft_tokens)
     reported = 0
     for _ in loop:
         if on_step is not None:
             for i in range(reported, len(seq.tokens)):
                 on_step(i + 1, seq.seconds[i])
             reported = len(seq.tokens)
-    return seq.result(bool(use_cache))  # checked in sequence_and_steps: True or False, maybe NumPy's
+    result = seq.result(bool(use_cache))  # checked in sequence_and_steps: True or False, maybe NumPy's
+    return result if counts is None else SpeculativeResult(**vars(result), **vars(counts))
 
 
 @takes_options(batched=False)
@@ -100,7 +104,7 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
 def stream_request(model: Model, request: Request, *, use_cache: bool = True, speculate=None,
                    draft_tokens: int | None = None) -> Iterator[StreamedToken]:
     """`stream` for a Request make_request (or request_of) has made, checked at the call."""
-    seq, loop = sequence_and_steps(model, request, use_cache, speculate, draft_tokens)
+    seq, loop, _ = sequence_and_steps(model, request, use_cache, speculate, draft_tokens)
 
     def tokens() -> Iterator[StreamedToken]:
         released = 0
@@ -117,7 +121,7 @@ def stream_request(model: Model, request: Request, *, use_cache: bool = True, sp
 
 @takes_options(batched=True)
 def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: int = MAX_BATCH_SIZE,
-                   kv_cache_tokens: int | None = None, prefix_cache: bool = True, **options) -> list[GenerationResult]:
+                   kv_cache_tokens: int | None = None, prefix_cache: bool = True, **options) -> list[EngineResult]:
     """Generate for every prompt (a list of token-id lists), decoding up to `max_batch_size` of them
     together, on a one-shot Engine (prompts of one call share their prefixes). Returns the results
     in prompt order.

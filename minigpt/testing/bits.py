@@ -14,7 +14,8 @@ import numpy as np
 from ..loop.sequence import GenerationResult
 
 # What a result is, as the exactness claims state it: not its timings nor the engine's counters
-# (preemptions, cached tokens, drafts), which may differ between two runs of the same tokens.
+# (preemptions, cached tokens, drafts), which may differ between two runs of the same tokens. The
+# prompt's scores are an engine's result's only (None on another).
 RESULT_FIELDS = ("prompt_ids", "tokens", "text", "logprobs", "top_logprobs", "finish_reason", "prompt_logprobs",
                  "prompt_top_logprobs")
 
@@ -45,7 +46,7 @@ def _difference(a: object, b: object, path: str) -> str | None:
     """The first difference between a and b, compared recursively, named by its path."""
     if isinstance(a, GenerationResult) and isinstance(b, GenerationResult):
         for name in RESULT_FIELDS:
-            found = _difference(getattr(a, name), getattr(b, name), f"{path}.{name}")
+            found = _difference(getattr(a, name, None), getattr(b, name, None), f"{path}.{name}")
             if found:
                 return found
         return None

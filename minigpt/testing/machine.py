@@ -194,7 +194,7 @@ class EngineMachine(RuleBasedStateMachine):
         assert not free & held and not free & cached and not held & cached, "a page in two states"
         lost = set(range(pool.n_pages)) - free - held - cached
         assert not lost, f"pages neither free, held nor cached: {lost}"
-        assert cached <= set(pool.keys) and set(pool.by_hash.values()) == set(pool.keys), "cache maps disagree"
+        assert cached <= set(pool.entries) and set(pool.by_hash.values()) == set(pool.entries), "cache maps disagree"
         stats = self.engine.stats()
         assert (stats["pages_in_use"], stats["pages_cached"], stats["pages_free"]) == (len(held), len(cached), len(free))
 
@@ -208,13 +208,13 @@ class EngineMachine(RuleBasedStateMachine):
         prefixes = {}  # hash -> (a job, page index) whose ids have that prefix
         for job in self.jobs:
             full = len(job.seq.ids) // PAGE
-            for i, h in enumerate(chained_hashes(self.engine.root, job.seq.ids, 0, full)):
+            for i, h in enumerate(chained_hashes(self.engine.scheduler.root, job.seq.ids, 0, full)):
                 prefixes.setdefault(h, (job, i))
         pool = self.engine.pool
-        for page, key in pool.keys.items():
-            assert key.hash in prefixes, f"page {page} is cached under a hash no prefix seen has"
-            job, i = prefixes[key.hash]
-            assert key.tokens == page_tokens(job.seq.ids, i), f"page {page}'s tokens are not its prefix's"
+        for page, entry in pool.entries.items():
+            assert entry.hash in prefixes, f"page {page} is cached under a hash no prefix seen has"
+            job, i = prefixes[entry.hash]
+            assert entry.tokens == page_tokens(job.seq.ids, i), f"page {page}'s tokens are not its prefix's"
             self._assert_holds(job, page, i, "cached page")
 
     @invariant()
@@ -223,23 +223,23 @@ class EngineMachine(RuleBasedStateMachine):
         """Every job not ended is in exactly one queue; its state, cache and counts agree."""
         if not hasattr(self, "engine"):
             return
-        engine = self.engine
-        places = [*engine.inbox, *engine.waiting, *engine.running]
+        engine, scheduler = self.engine, self.engine.scheduler
+        places = scheduler.jobs()
         assert len(places) == len(set(places)), "a job is queued twice"
         assert set(places) == set(self.jobs) - self.ended, "a job is lost, or ended and still queued"
-        assert len(engine.running) <= engine.max_batch_size
-        assert engine.preemptions == sum(job.seq.preemptions for job in self.jobs)
+        assert len(scheduler.running) <= engine.max_batch_size
+        assert scheduler.preemptions == sum(job.preemptions for job in self.jobs)
         for job in self.jobs:
             seq = job.seq
             assert len(seq.tokens) == len(seq.logprobs) <= seq.request.max_new_tokens
-            if job in engine.running and job.status is not Status.CANCELLED:
+            if job in scheduler.running and job.status is not Status.CANCELLED:
                 assert job.status is Status.RUNNING and job.cache.length == len(seq.ids) - 1
                 assert pages_for(job.cache.length) <= len(job.cache.pages) <= pages_for(job.cache.length + 1)
-                assert job.hashes == chained_hashes(engine.root, seq.ids, 0, len(job.hashes))
+                assert job.hashes == chained_hashes(scheduler.root, seq.ids, 0, len(job.hashes))
                 assert len(job.hashes) <= job.cache.length // PAGE
                 for i, page in enumerate(job.cache.pages[:pages_for(job.cache.length)]):
                     self._assert_holds(job, page, i, "running job's page", job.cache.length)
-            elif job in engine.waiting or job in engine.inbox:
+            elif job in scheduler.waiting or job in scheduler.inbox:
                 assert job.cache.pages == [] and job.hashes == []
                 assert job.status in (Status.QUEUED, Status.PREEMPTED, Status.CANCELLED)
         for name in ("preemptions", "evictions", "cached_token_hits"):

@@ -65,13 +65,13 @@ def batched(model, prompts: list[list[int]], replies: list[int], kv_cache_tokens
     caches = remember_caches(pool)
     reserved = [0]
 
-    def on_step(_: int) -> None:
+    def on_tokens(_: int) -> None:
         running = [r for r, c in zip(requests, caches) if c.pages]
         reserved[0] = max(reserved[0], sum(len(r.prompt) + r.max_new_tokens for r in running))
 
     def go() -> list:
         results = [None] * len(requests)
-        for i, result in engine.results(requests, [False] * len(requests), on_step):
+        for i, result in engine.results(requests, [False] * len(requests), on_tokens):
             results[i] = result
         return results
 

@@ -26,7 +26,7 @@ from minigpt.loading.loader import load
 from minigpt.loading.requests import make_request
 from minigpt.loop.sequence import Sequence
 from minigpt.engine.drafters import Drafter, ModelDrafter, NGramDrafter
-from minigpt.engine.speculative import speculative_steps
+from minigpt.engine.speculative import DraftCounts, speculative_steps
 
 from .common import (REPEATS, Report, RunInfo, Target, gemv_rate, interleaved, log, median_of, multiply_adds,
                      products, random_124m, run_lengths)
@@ -83,9 +83,9 @@ def decode(model, prompt: list[int], drafter: Drafter | None) -> dict:
     """Generate NEW_TOKENS greedily (speculating with `drafter` unless None), step by step: tokens,
     wall seconds, steps, the k of every step, drafted/accepted counts and the drafter's seconds."""
     recorder = None if drafter is None else Recorder(drafter)
-    seq = Sequence(make_request(model, prompt, NEW_TOKENS, stop_at_eos=False))
+    seq, counts = Sequence(make_request(model, prompt, NEW_TOKENS, stop_at_eos=False)), DraftCounts()
     loop = (cached_steps(model, seq) if recorder is None else
-            speculative_steps(model, seq, recorder, DRAFT_TOKENS))
+            speculative_steps(model, seq, recorder, DRAFT_TOKENS, counts))
     ks, asked = [], 0
     clock = time.perf_counter()
     for _ in loop:  # one step each
@@ -93,8 +93,8 @@ def decode(model, prompt: list[int], drafter: Drafter | None) -> dict:
         asked = len(recorder.ks) if recorder else 0
     seconds = time.perf_counter() - clock
     result = seq.result(use_cache=True)
-    return {"tokens": result.tokens, "seconds": seconds, "steps": len(ks), "ks": ks, "drafted": result.drafted,
-            "accepted": result.accepted, "draft_seconds": recorder.seconds if recorder else 0.0}
+    return {"tokens": result.tokens, "seconds": seconds, "steps": len(ks), "ks": ks, "drafted": counts.drafted,
+            "accepted": counts.accepted, "draft_seconds": recorder.seconds if recorder else 0.0}
 
 
 def verify_step(model, prompt: list[int], rows: int):

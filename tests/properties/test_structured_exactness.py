@@ -17,7 +17,7 @@ from minigpt.testing.strategies import CONSTRAINTS, controls, gpt2_vocab_models,
 
 from minigpt.engine.paging import PAGE, pages_for
 from minigpt.engine.drafters import ModelDrafter, NGramDrafter
-from minigpt.engine.speculative import speculative_steps
+from minigpt.engine.speculative import DraftCounts, speculative_steps
 from minigpt.loading.model import Model
 from minigpt.gpt2.config import GPT2_VOCAB_SIZE
 from minigpt.loop.loops import cached_steps
@@ -131,7 +131,7 @@ def test_constrained_greedy_speculative_tokens_are_bitwise_plain_greedy_and_neve
     seq = Sequence(make_request(model, **request))
     drafter = {"ngram": NGramDrafter(), "self": ModelDrafter(model, seq.request.max_positions),
                "random": RandomDrafter(data.draw(st.integers(0, 99)))}[kind]
-    for _ in speculative_steps(model, seq, drafter, k):
+    for _ in speculative_steps(model, seq, drafter, k, DraftCounts()):
         pass
     assert essentials(seq.result(use_cache=True)) == essentials(plain)
     assert_matches_its_constraint(model, request, plain)
