@@ -59,13 +59,15 @@ def test_split_and_merge_heads_are_inverse_and_group_columns_by_head(rng):
 @pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
 @pytest.mark.parametrize("T", [1, 9])
 @pytest.mark.parametrize("n_out", [40, 64, 200, 1000])  # a tail only, whole ALIGN calls, both, several blocks
-def test_linear_matches_float64_reference(kernels, T, n_out, rng):
+@pytest.mark.parametrize("layout", ["stored", "head"])  # [n_in, n_out] as a checkpoint's; wte.T, a view
+def test_linear_matches_float64_reference(kernels, T, n_out, layout, rng):
     x = rng.standard_normal((T, 256), dtype=np.float32)
-    w = rng.standard_normal((n_out, 256), dtype=np.float32)  # [n_out, n_in]
+    w = rng.standard_normal((256, n_out), dtype=np.float32) if layout == "stored" else \
+        rng.standard_normal((n_out, 256), dtype=np.float32).T
     b = rng.standard_normal(n_out, dtype=np.float32)
     y = kernels.linear(x, w, b)
     assert y.dtype == np.float32 and y.shape == (T, n_out)
-    assert rel_err(y, x.astype(np.float64) @ w.T + b) < 1e-6 * 16
+    assert rel_err(y, x.astype(np.float64) @ w + b) < 1e-6 * 16
 
 
 def reference_attention(q, k, v):

@@ -113,7 +113,7 @@ def weight_matrices(model: Model) -> list[np.ndarray]:
     """The matrices one decode step multiplies, in the order it reads them: every block's four and
     the tied LM head (49 for GPT-2 small)."""
     return [w for b in model.params.h for w in (b.attn.c_attn.weight, b.attn.c_proj.weight, b.mlp.c_fc.weight,
-                                                b.mlp.c_proj.weight)] + [model.params.wte]
+                                                b.mlp.c_proj.weight)] + [model.params.wte.T]
 
 
 def multiply_adds(model: Model) -> int:
@@ -163,8 +163,8 @@ def attention_alone(model: Model, lengths: list[int], queries: int = 1) -> Calla
 
 
 def plain_product(x: np.ndarray, w: np.ndarray, bias: None) -> np.ndarray:
-    """x @ w.T: one BLAS call, gemv for one row and gemm for more."""
-    return x @ w.T
+    """x @ w: one BLAS call, gemv for one row and gemm for more."""
+    return x @ w
 
 
 GEMV_BLOCKS = (64, 128, 256, 512, 768, 1024, 1536)  # rows of a 768-wide block: 192 KB to 4.5 MB
