@@ -150,9 +150,14 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
 
 
 def test_a_float32_tensor_at_an_offset_not_4_aligned_is_read_right_and_aligned(tmp_path):
-    value = np.arange(5, dtype=np.float32) / 3
-    safetensors_numpy.save_file({"a": np.ones(3, np.float16), "b": value}, tmp_path / "mixed.safetensors")
-    assert read_header(tmp_path / "mixed.safetensors")["b"].offset % 4  # after 6 bytes of float16
+    import json
+    value = np.arange(5, dtype=np.float32) / 3  # after 3 float16: 6 bytes into the data (the official
+    header = json.dumps({"a": {"dtype": "F16", "shape": [3], "data_offsets": [0, 6]},  # writer puts F32 first)
+                         "b": {"dtype": "F32", "shape": [5], "data_offsets": [6, 26]}}).encode()
+    header += b" " * (-len(header) % 8)
+    (tmp_path / "mixed.safetensors").write_bytes(len(header).to_bytes(8, "little") + header +
+                                                 np.ones(3, "<f2").tobytes() + value.astype("<f4").tobytes())
+    assert read_header(tmp_path / "mixed.safetensors")["b"].offset % 4
     got = read_safetensors(tmp_path / "mixed.safetensors")["b"]
     assert got.flags.aligned
     np.testing.assert_array_equal(got, value, strict=True)
