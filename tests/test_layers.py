@@ -70,6 +70,21 @@ def test_linear_matches_float64_reference(kernels, T, n_out, layout, rng):
     assert rel_err(y, x.astype(np.float64) @ w + b) < 1e-6 * 16
 
 
+def test_exact_linear_on_few_inputs_and_many_outputs_is_bitwise_the_same_in_one_block_or_many(rng):
+    """OpenBLAS's SkylakeX gemv "N" runs calls of at most 16,384 outputs on at most 48 inputs through a
+    kernel of its own: a block past that would round its outputs otherwise (docs/exactness.md)."""
+    from minigpt.exact.linear import exact_linear
+    from minigpt.exact.tuning import Tuning, tuned
+    x = rng.standard_normal((2, 40), dtype=np.float32)
+    w = rng.standard_normal((40, 40960), dtype=np.float32)  # 20,480 outputs a thread at 2 threads
+    whole, small = (Tuning(blocks, blocks, blocks, 10**9, 10**9) for blocks in (10**9, 40 * 1024))
+    with tuned(whole):
+        a = exact_linear(x, w, None)
+    with tuned(small):
+        b = exact_linear(x, w, None)
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 def reference_attention(q, k, v):
     """Causal softmax attention in float64 for queries at positions L-T .. L-1 over keys 0 .. L-1."""
     q, k, v = (a.astype(np.float64) for a in (q, k, v))
