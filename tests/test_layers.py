@@ -70,6 +70,23 @@ def test_linear_matches_float64_reference(kernels, T, n_out, layout, rng):
     assert rel_err(y, x.astype(np.float64) @ w + b) < 1e-6 * 16
 
 
+@pytest.mark.parametrize("layout", ["stored", "head"])
+@pytest.mark.parametrize("T", [1, 9])
+def test_exact_linear_reads_the_weights_in_place_without_a_copy(layout, T, rng):
+    import tracemalloc
+    from minigpt.exact.linear import exact_linear
+    x = rng.standard_normal((T, 1024), dtype=np.float32)
+    w = rng.standard_normal((1024, 20000), dtype=np.float32) if layout == "stored" else \
+        rng.standard_normal((20000, 1024), dtype=np.float32).T  # 82 MB either way
+    tracemalloc.start()
+    try:
+        exact_linear(x, w, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < w.nbytes / 10, peak  # the output, its temporaries, a tail: no copy of the weights
+
+
 def test_exact_linear_on_few_inputs_and_many_outputs_is_bitwise_the_same_in_one_block_or_many(rng):
     """OpenBLAS's SkylakeX gemv "N" runs calls of at most 16,384 outputs on at most 48 inputs through a
     kernel of its own: a block past that would round its outputs otherwise (docs/exactness.md)."""
