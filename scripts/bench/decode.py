@@ -121,7 +121,7 @@ def without_products(model: Model, keys: int) -> Callable[[], float]:
     table: dict[tuple[int, int], np.ndarray] = {}
 
     def answered(x: np.ndarray, w: np.ndarray, bias) -> np.ndarray:
-        return table.setdefault((x.shape[0], w.shape[0]), np.zeros((x.shape[0], w.shape[0]), np.float32))
+        return table.setdefault((x.shape[0], w.shape[1]), np.zeros((x.shape[0], w.shape[1]), np.float32))
 
     kernels = model.kernels
     stub = dataclasses.replace(model, kernels=dataclasses.replace(kernels, linear=answered))
