@@ -97,9 +97,6 @@ MUTANTS = [
     # part 4: exactness
     bug("gemv-calls-not-aligned", "every gemv call computes a multiple of 16 x threads outputs", "minigpt/exact/tuning.py",
         "return math.lcm(ALIGN, 16 * threads())", "return 1", "tests/test_threads.py"),
-    bug("gemv-shares-of-four", "each thread's share of a gemv \"N\" call is whole 16-output groups",
-        "minigpt/exact/tuning.py", "return math.lcm(ALIGN, 16 * threads())", "return math.lcm(ALIGN, 4 * threads())",
-        "tests/test_threads.py"),
     bug("gemv-call-past-the-small-kernel", "no gemv call is larger than OpenBLAS's small-input SkylakeX kernel takes",
         "minigpt/exact/linear.py", "MAX_CALL = 16384", "MAX_CALL = 10**9", "tests/test_layers.py"),
     bug("page-tree-halves-unpadded", "pages are added up by one fixed tree, whatever the batch", "minigpt/exact/attention.py",
