@@ -20,6 +20,7 @@ docstring lists its modules in reading order:
     engine    6. the engine
     scripted  7. scripted use
     cli       7. `python -m minigpt ...`, one module per command
+    testing   8. the claims as tools for a reader's own code (needs Hypothesis)
  The names below are imported on first use, so `import minigpt`
 loads nothing else and changes no process state.
 """

@@ -132,3 +132,14 @@ def check_bool(value: object, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InputError(f"{{{name}}} must be True or False, got {{value}}", name, value=shown(value))
     return bool(value)
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object hook (json.loads' object_pairs_hook): a key given twice is ambiguous (which one
+    would count?), so a ValueError naming it."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"key {reprlib.repr(key)} appears twice in one object")
+        seen.add(key)
+    return dict(pairs)

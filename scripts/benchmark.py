@@ -1,6 +1,6 @@
 """Benchmark minigpt on GPT-2-small shapes: against transformers, this machine's ceilings and itself.
 
-    PYTHONPATH=. python scripts/benchmark.py [--only SECTION [SECTION ...]] [--docs docs]
+    PYTHONPATH=. python scripts/benchmark.py [--only SECTION [SECTION ...]] [--docs docs] [--runs N]
 
 Sections (default: all, in this order), one module each in scripts/bench/:
 
@@ -15,6 +15,9 @@ Sections (default: all, in this order), one module each in scripts/bench/:
 - speculative: plain decode against speculative decoding with four drafters (docs/speculative.md);
 - serve: the completions server at 1, 4, 16 and 32 concurrent clients, exact and fast kernels, against
   the same requests one at a time (docs/serving.md);
+- determinism: one prompt N times (greedy, and seeded at temperature 1) to a loaded server, exact and
+  fast kernels: distinct completions and where they first differ (docs/serving.md; --runs N, default
+  100; Thinking Machines' experiment is --runs 1000);
 - structured: what a request's logits processing costs a decode step, at B = 1 and 16, exact and fast
   kernels, against plain decoding (docs/logits-processing.md);
 - scale: cost as the work grows: load time and peak memory per GPT-2 size, decode and prefill
@@ -37,13 +40,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, installed or not
 
-from bench import batching, decode, paging, prefix, scale, serve, speculative, structured  # noqa: E402
+from bench import batching, decode, determinism, paging, prefix, scale, serve, speculative, structured  # noqa: E402
 from bench.common import log, timed, write_block  # noqa: E402
 from minigpt.errors import MinigptError  # noqa: E402
 from minigpt.cli.pictures import require_matplotlib  # noqa: E402
 
 SECTIONS = {"decode": decode, "batching": batching, "paging": paging, "prefix": prefix, "speculative": speculative,
-            "serve": serve, "structured": structured, "scale": scale}
+            "serve": serve, "determinism": determinism, "structured": structured, "scale": scale}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"run only these sections ({', '.join(SECTIONS)}; default: all)")
     parser.add_argument("--docs", type=Path, metavar="DIR",
                         help="write each section's results into its chapter in DIR and its plots into DIR/img")
+    parser.add_argument("--runs", type=int, default=determinism.RUNS, metavar="N",
+                        help=f"determinism: send the probe N times per kernel set and decoding (default "
+                             f"{determinism.RUNS}; Thinking Machines' experiment: 1000)")
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs: must be at least 1, got {args.runs}")
     if args.docs is not None:  # fail now, not after minutes of measuring
         if not (args.docs / "img").is_dir():
             parser.error(f"--docs: no directory {str(args.docs / 'img')!r} for the plots")
@@ -63,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = []
     for name in [n for n in SECTIONS if n in (args.only or SECTIONS)]:
         section = SECTIONS[name]
-        report, seconds = timed(section.run)
+        report, seconds = timed(lambda: section.run(args.runs) if section is determinism else section.run())
         log(f"{name}: {seconds:.0f} s")
         print(f"## {name}\n\n{report.block}\n", flush=True)
         summaries.append(report.info.summary(section.TITLE, report.targets))

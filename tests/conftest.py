@@ -24,6 +24,9 @@ settings.register_profile("ci", max_examples=30, deadline=None, print_blob=True,
 # scripts/mutants.py: the "ci" examples, no shrinking and no example database (a failure is all it needs)
 settings.register_profile("mutants", parent=settings.get_profile("ci"), database=None,
                           phases=[Phase.explicit, Phase.generate])
+# HYPOTHESIS_PROFILE=long: the engine's state machine (tests/properties/test_engine_machine.py) for
+# 10,000 rules and more, fresh examples every run (docs/testing.md)
+settings.register_profile("long", parent=settings.get_profile("dev"), max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 

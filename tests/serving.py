@@ -25,8 +25,9 @@ HOST = "127.0.0.1"
 # The fixtures of the modules that drive a random-tiny server through the openai client: they import
 # model, served and client from here.
 @pytest.fixture(scope="module")
-def model(tokenizer):
-    return minigpt.load("random-tiny")
+def model(tiny_model, tokenizer):
+    """conftest's random-tiny, its tokenizer built: the served prompts are text."""
+    return tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +96,18 @@ def settled(service, timeout: float = 30) -> dict:
             return stats
         time.sleep(0.02)
     return service.engine.stats()
+
+
+def scrape(url: str) -> dict[tuple, float]:
+    """/metrics as {(sample name, its labels but model_name, sorted): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    return {(s.name, *sorted((k, v) for k, v in s.labels.items() if k != "model_name")): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}

@@ -92,8 +92,8 @@ def test_the_readme_table_lists_the_tree_s_parts_and_modules_in_its_order():
             part = int(re.match(r"\**(\d+)\.", cells[0].lstrip("*"))[1])
         for target in re.findall(r"\]\(minigpt/([\w/]+?)(?:\.py|/)\)", cells[1]):
             rows.append((part, tuple(target.split("/")) if "/" in target else (target, target)))
-    tree = [(number, (package, module)) for package, number in parts() for module in modules_of(package)
-            if package != "cli"] + [(7, ("cli", "cli"))]
+    tree = [(number, (package, module) if package != "cli" else ("cli", "cli")) for package, number in parts()
+            for module in (modules_of(package) if package != "cli" else ["cli"])]
     assert rows == tree
 
 
@@ -149,3 +149,18 @@ def test_part_2_is_a_diff_of_part_1_no_raise_no_engine_vocabulary():
         source = path.read_text()
         assert not [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Raise)], f"{path.name} raises"
         assert not PART_1_WORDS.findall(source), f"{path.name}: {PART_1_WORDS.findall(source)}"
+
+
+def test_no_test_module_imports_another_test_module():
+    """Shared fixtures live in tests/conftest.py, shared helpers in helpers modules (tests/serving.py,
+    tests/commands.py, ...): a test module (test_*.py) is never imported, so each can be read, run and
+    moved alone."""
+    imports = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)  # import test_x
+                     else [node.module or "", *(alias.name for alias in node.names)]  # from . import test_x
+                     if isinstance(node, ast.ImportFrom) else [])
+            imports += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names
+                        if name.rsplit(".", 1)[-1].startswith("test_")]
+    assert imports == []

@@ -19,10 +19,9 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from test_cli_errors import environment
+from commands import batch, environment, write_lines
 
 import minigpt
 import minigpt.scripted.api
@@ -50,25 +49,6 @@ def small(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def small_model(small):
     return minigpt.load(small)
-
-
-def write_lines(path: Path, lines) -> Path:
-    """A JSON Lines file: dicts are dumped, strings written as they are."""
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
-    return path
-
-
-def batch(capsys, tmp_path: Path, lines, model: str, *argv: str) -> tuple[int, list[dict] | None, str]:
-    """`python -m minigpt batch IN -o OUT --model MODEL ARGV` in-process: exit code, OUT's lines
-    parsed (None if OUT was not written), stderr. Nothing may go to stdout."""
-    source, target = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
-    try:
-        code = main(["batch", str(source), "-o", str(target), "--model", model, *argv])
-    except SystemExit as e:  # argparse's usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    assert out == ""
-    return code, [json.loads(line) for line in target.read_text().splitlines()] if target.exists() else None, err
 
 
 def alone(model, line: dict, **defaults) -> minigpt.GenerationResult:
@@ -202,7 +182,7 @@ BAD_LINES = [
     ('{"prompt_ids": [1], "seed": ' + "7" * 5000 + "}", [], "invalid JSON: Exceeds the limit (4300 digits)"),
     ({"prompt_ids": [1], "temperature": 10 ** 400}, [], "temperature must be a finite number >= 0, got 1000"),
     ({"prompt": 5}, [], 'prompt must be a string (token ids go in "prompt_ids"), got 5'),
-    ({"prompt": "The dog"}, [], "not GPT-2's 50257, so it has no tokenizer for a text prompt"),
+    ({"prompt": "The dog"}, [], "not GPT-2's 50257, so it has no tokenizer for text"),
     ({"prompt_ids": "1 2"}, [], "token ids must be integers, got the text"),
     ({"prompt_ids": [1, 2.0]}, [], "token id at index 1 is 2.0, not an integer"),
     ({"prompt_ids": [1, 300]}, [], "token id 300 at index 1 is outside [0, 300)"),
@@ -425,9 +405,8 @@ def test_stop_strings_without_a_tokenizer_are_refused_as_the_option_not_a_line(c
 
 # Text (random-tiny: GPT-2's vocabulary and tokenizer)
 
-def test_text_prompts_stop_strings_and_the_text_field(capsys, tmp_path, tokenizer):
-    model = minigpt.load("random-tiny")
-    pieces = [tokenizer.decode([t]) for t in minigpt.generate(model, minigpt.encode(tokenizer, "The dog"), 12,
+def test_text_prompts_stop_strings_and_the_text_field(capsys, tmp_path, tiny_model, tokenizer):
+    pieces = [tokenizer.decode([t]) for t in minigpt.generate(tiny_model, minigpt.encode(tokenizer, "The dog"), 12,
                                                                temperature=1.0, seed=0).tokens]
     cut = next(i for i in range(2, 12) if pieces[i] not in "".join(pieces[:i]))  # a token whose text is new there
     lines = [{"prompt": "The dog", "stop": [pieces[cut], "never"]}, {"prompt": "The dog", "stop": None},
@@ -436,7 +415,7 @@ def test_text_prompts_stop_strings_and_the_text_field(capsys, tmp_path, tokenize
                                "--temperature", "1", "--seed", "0", "--stop", "x")
     assert code == 0, err
     for line, output in zip(lines, outputs):
-        result = minigpt.generate(model, minigpt.encode(tokenizer, line["prompt"]), 12, temperature=1.0, seed=0,
+        result = minigpt.generate(tiny_model, minigpt.encode(tokenizer, line["prompt"]), 12, temperature=1.0, seed=0,
                                   stop=line.get("stop", ["x"]), top_logprobs=line.get("top_logprobs", 0))
         assert_same(output, result)
         assert output["text"] == result.text
@@ -444,9 +423,9 @@ def test_text_prompts_stop_strings_and_the_text_field(capsys, tmp_path, tokenize
             assert [entry["token"] for entry in step] == [tokenizer.decode([entry["id"]]) for entry in step]
     assert outputs[0]["finish_reason"] == "stop" and outputs[0]["text"] == "".join(pieces[:cut])
     assert outputs[1]["text"] == "".join(pieces)  # null: no stop strings, not even --stop's
-    assert outputs[2]["prompt_ids"] == [model.config.eos_token_id]
+    assert outputs[2]["prompt_ids"] == [tiny_model.config.eos_token_id]
     assert tokenizer.decode(outputs[3]["prompt_ids"]) == "naïve café <|endoftext|>"
-    assert outputs[3]["prompt_ids"][-1] == model.config.eos_token_id  # the literal is the special token
+    assert outputs[3]["prompt_ids"][-1] == tiny_model.config.eos_token_id  # the literal is the special token
 
 
 # The real command: stdin, stdout, Ctrl-C

@@ -2,15 +2,14 @@
 
 The rows of docs/loading.md, as a user meets them with `python -m minigpt generate`: 1 for a fault,
 2 for a usage error, 130 for Ctrl-C. Most run `minigpt.cli.main` in-process (fast); a few run the
-real `python -m minigpt` in a subprocess, as a user does. The broken checkpoints are the ones
-test_api_errors.py loads through the API.
+real `python -m minigpt` in a subprocess, as a user does. The broken checkpoints (tests/checkpoints.py)
+are the ones test_api_errors.py loads through the API.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,8 @@ from pathlib import Path
 import huggingface_hub
 import numpy as np
 import pytest
-from test_api_errors import ALIASES, BROKEN_CHECKPOINTS, EOT, TINY, ReadError, make_checkpoint, only_a_pickle
+from commands import REPO, assert_error, cli, environment
+from checkpoints import ALIASES, BROKEN_CHECKPOINTS, EOT, TINY, ReadError, make_checkpoint, only_a_pickle
 
 import minigpt
 import minigpt.cli.generate
@@ -28,29 +28,9 @@ from minigpt.loading.checkpoint import save_checkpoint
 from minigpt.cli import main
 from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params
 
-REPO = Path(__file__).resolve().parents[1]
-
-
 @pytest.fixture(autouse=True)
 def bpe_tables(tokenizer):
     """Every command here tokenizes: the packaged tables, checked once for the module."""
-
-
-def cli(capsys, *argv: str, command: str = "generate") -> tuple[int, str, str]:
-    """`python -m minigpt COMMAND ARGV` in-process: exit code, stdout, stderr."""
-    try:
-        code = main([command, *argv])
-    except SystemExit as e:  # argparse's usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def environment(hf_home: Path) -> dict[str, str]:
-    """This process's environment with the repository importable,
-    the hub offline and its cache in `hf_home`."""
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home)}
 
 
 def run(tmp_path: Path, *argv: str) -> tuple[int, str, str]:
@@ -58,17 +38,6 @@ def run(tmp_path: Path, *argv: str) -> tuple[int, str, str]:
     done = subprocess.run([sys.executable, "-m", "minigpt", "generate", *argv], capture_output=True,
                           text=True, env=environment(tmp_path / "hf"), timeout=120)
     return done.returncode, done.stdout, done.stderr
-
-
-def assert_error(result: tuple[int, str, str], names, exit_code: int = 1) -> None:
-    """Exit `exit_code`, nothing on stdout, and exactly one line `error: ...` naming every name."""
-    code, out, err = result
-    assert "Traceback" not in err
-    assert code == exit_code, err
-    assert out == ""
-    assert err.startswith("error: ") and err.endswith("\n") and err.count("\n") == 1, err
-    for name in names:
-        assert name in err
 
 
 # Model sources

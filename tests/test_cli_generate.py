@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 import pytest
-from test_api_errors import EOT, TINY
-from test_cli_errors import cli, environment
+from checkpoints import EOT, TINY
+from commands import cli, environment
 
 import minigpt
 from minigpt.loading.options import OPTIONS

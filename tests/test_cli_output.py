@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_api_errors import make_checkpoint
-from test_cli_errors import REPO, assert_error, cli, environment
+from checkpoints import make_checkpoint
+from commands import REPO, assert_error, cli, environment
 
 from minigpt.cli import main
 

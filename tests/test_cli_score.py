@@ -11,7 +11,7 @@ import os
 import sys
 
 import pytest
-from test_cli_errors import cli
+from commands import cli
 
 import minigpt
 import minigpt.cli.score

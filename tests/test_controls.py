@@ -10,9 +10,9 @@ import json
 
 import numpy as np
 import pytest
-from test_cli_batch import batch
-from test_cli_errors import cli
-from test_speculative import chi_square_rejects, tiny
+from checkpoints import tiny
+from chi_square import chi_square_rejects
+from commands import batch, cli
 
 import minigpt
 from minigpt.loop.processing import Penalties

@@ -16,6 +16,7 @@ from minigpt.gpt2.config import GPT2_SIZES
 from minigpt.loop.cost import ARCHITECTURES, MAX_TOKENS, estimate, gpt2_architecture
 from minigpt.loop.loops import cached_steps, naive_steps
 from minigpt.cache.kv_cache import new_cache
+from minigpt.engine.paging import PagePool
 from minigpt.loading.weights import random_params
 from minigpt.loading.requests import make_request
 from minigpt.loop.sequence import Sequence
@@ -92,11 +93,13 @@ def test_gpt2_small_kv_bytes_per_token_float32_and_float16():
 
 
 @pytest.mark.parametrize("name", list(GPT2_SIZES))
-def test_kv_bytes_per_token_match_minigpts_own_cache(name):
+def test_kv_bytes_per_token_match_minigpts_own_cache_and_page_pool(name):
     config = GPT2_SIZES[name]
     capacity = 32
     cache = new_cache(config, capacity)
     assert estimate(gpt2_architecture(name, config), 1, 1).kv_bytes_per_token == cache.nbytes // capacity
+    pool = PagePool(config, 2)  # its pages are reserved, not written: no memory committed
+    assert pool.page_bytes == (pool.k.nbytes + pool.v.nbytes) // 2
 
 
 def test_weight_bytes_per_token_are_the_models_weight_matrices():
@@ -133,7 +136,7 @@ def test_gpt2_small_decode_step_is_about_twice_its_124m_parameters():
 
 
 def test_the_command_line_s_bound_on_tokens_keeps_every_ratio_finite():
-    """10**400 overflowed float64 in the ratios: the command line takes at most MAX_TOKENS."""
+    """10**400 overflows float64 in the ratios: the command line takes at most MAX_TOKENS."""
     assert math.isfinite(estimate(GPT2, MAX_TOKENS, MAX_TOKENS).ratio) and estimate(GPT2, MAX_TOKENS, MAX_TOKENS).ratio > 1
 
 

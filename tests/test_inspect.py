@@ -24,35 +24,30 @@ IDS = [464, 3290, 4966, 284, 262, 3952, 290, 788]
 
 
 @pytest.fixture(scope="module")
-def model():
-    return minigpt.load("random-tiny")  # exact kernels, GPT-2's vocabulary
+def found(tiny_model):
+    return minigpt.inspect(tiny_model, IDS)
 
 
-@pytest.fixture(scope="module")
-def found(model):
-    return minigpt.inspect(model, IDS)
-
-
-def test_attention_rows_are_distributions_over_the_past_and_the_future_is_exactly_zero(model, found):
-    config, T = model.config, len(IDS)
+def test_attention_rows_are_distributions_over_the_past_and_the_future_is_exactly_zero(tiny_model, found):
+    config, T = tiny_model.config, len(IDS)
     assert found.attention.dtype == np.float32 and found.attention.shape == (config.n_layer, config.n_head, T, T)
     np.testing.assert_allclose(found.attention.sum(-1), 1.0, atol=1e-6)
     future = np.triu(np.ones((T, T), bool), 1)
     assert (found.attention[..., future].view(np.uint32) == 0).all()  # +0.0 exactly
 
 
-def test_logits_are_bitwise_the_forward_s_and_hidden_states_the_proof_s(model, found):
-    assert np.array_equal(found.logits.view(np.uint32), model.forward(IDS).view(np.uint32))
-    assert found.hidden.dtype == np.float32 and found.hidden.shape == (model.config.n_layer + 1, len(IDS), 64)
-    assert np.array_equal(found.hidden[0], embed(model.params, IDS))
-    snapshot = record_forward(model, IDS)
-    for layer, name in enumerate(layer_names(model.config.n_layer)[:-1]):
+def test_logits_are_bitwise_the_forward_s_and_hidden_states_the_proof_s(tiny_model, found):
+    assert np.array_equal(found.logits.view(np.uint32), tiny_model.forward(IDS).view(np.uint32))
+    assert found.hidden.dtype == np.float32 and found.hidden.shape == (tiny_model.config.n_layer + 1, len(IDS), 64)
+    assert np.array_equal(found.hidden[0], embed(tiny_model.params, IDS))
+    snapshot = record_forward(tiny_model, IDS)
+    for layer, name in enumerate(layer_names(tiny_model.config.n_layer)[:-1]):
         assert np.array_equal(found.hidden[layer].view(np.uint32), snapshot[name, "hidden"].view(np.uint32)), name
 
 
-def test_the_logit_lens_s_last_layer_is_the_model_s_own_prediction(model, found):
+def test_the_logit_lens_s_last_layer_is_the_model_s_own_prediction(tiny_model, found):
     ids, probs = found.logit_lens(top=3)
-    assert ids.shape == probs.shape == (model.config.n_layer + 1, len(IDS), 3)
+    assert ids.shape == probs.shape == (tiny_model.config.n_layer + 1, len(IDS), 3)
     assert (np.diff(probs, axis=-1) <= 0).all()  # most likely first
     for t, row in enumerate(found.logits):
         p = np.exp(log_softmax(row))
@@ -60,9 +55,9 @@ def test_the_logit_lens_s_last_layer_is_the_model_s_own_prediction(model, found)
 
 
 @given(cut=st.integers(1, len(IDS) - 1))
-def test_inspecting_a_prefix_gives_bitwise_the_first_rows_of_inspecting_the_whole(model, found, cut):
+def test_inspecting_a_prefix_gives_bitwise_the_first_rows_of_inspecting_the_whole(tiny_model, found, cut):
     """Causality, seen through inspect: later tokens change nothing at earlier positions (exact kernels)."""
-    part = minigpt.inspect(model, IDS[:cut])
+    part = minigpt.inspect(tiny_model, IDS[:cut])
     assert np.array_equal(part.hidden.view(np.uint32), found.hidden[:, :cut].view(np.uint32))
     assert np.array_equal(part.attention.view(np.uint32), found.attention[:, :, :cut, :cut].view(np.uint32))
 
@@ -72,9 +67,9 @@ def test_inspecting_a_prefix_gives_bitwise_the_first_rows_of_inspecting_the_whol
     (list(range(257)), ContextLengthError, "got 257"),
     ([50257], InputError, "50257"),
 ])
-def test_bad_ids_are_refused_before_any_work(model, ids, error, message):
+def test_bad_ids_are_refused_before_any_work(tiny_model, ids, error, message):
     with pytest.raises(error, match=message):
-        minigpt.inspect(model, ids)
+        minigpt.inspect(tiny_model, ids)
 
 
 def cli(capsys, *argv):
@@ -83,12 +78,12 @@ def cli(capsys, *argv):
     return code, out, err
 
 
-def test_the_inspect_command_prints_the_lens_and_its_json_agrees_with_the_api(model, found, capsys):
+def test_the_inspect_command_prints_the_lens_and_its_json_agrees_with_the_api(tiny_model, found, capsys):
     code, out, _ = cli(capsys, "inspect", "The dog ran", "--model", "random-tiny")
     assert code == 0 and "the logit lens" in out and "block 1" in out
     code, out, _ = cli(capsys, "inspect", "The dog ran", "--model", "random-tiny", "--json", "--top", "2", "--attention")
     document = json.loads(out)
-    mine = minigpt.inspect(model, document["ids"])
+    mine = minigpt.inspect(tiny_model, document["ids"])
     ids, probs = mine.logit_lens(top=2)
     assert document["layers"] == ["embeddings", "block 0", "block 1"]
     assert [[[c["id"] for c in cell] for cell in row] for row in document["logit_lens"]] == ids.tolist()
@@ -115,18 +110,18 @@ def test_inspect_draws_attention_and_the_lens(capsys, tmp_path):
         assert (tmp_path / name).read_bytes()[:8] == PNG, name
 
 
-def test_prove_draws_the_proof_zeros_for_the_exact_kernels(model, capsys, tmp_path):
+def test_prove_draws_the_proof_zeros_for_the_exact_kernels(tiny_model, capsys, tmp_path):
     pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
     code, _, _ = cli(capsys, "prove", "--model", "random-tiny", "--steps", "3", "--plot", str(tmp_path / "p.png"))
     assert code == 0 and (tmp_path / "p.png").read_bytes()[:8] == PNG
-    proof = minigpt.prove(model, IDS, 3)
+    proof = minigpt.prove(tiny_model, IDS, 3)
     exact, fast = proof.drifts
-    assert len(exact.grid) == model.config.n_layer + 3 and all(len(row) == 3 for row in exact.grid)
+    assert len(exact.grid) == tiny_model.config.n_layer + 3 and all(len(row) == 3 for row in exact.grid)
     assert max(map(max, exact.grid)) == 0.0  # the exact kernels: every bit equal
     assert max(map(max, fast.grid)) == fast.scale_ulp or fast.scale_ulp > 0
 
 
-def test_batch_draws_the_page_pool_from_stats_that_add_up(model, capsys, tmp_path):
+def test_batch_draws_the_page_pool_from_stats_that_add_up(tiny_model, capsys, tmp_path):
     pytest.importorskip("matplotlib", reason="the plot extra (matplotlib) is not installed")
     lines = tmp_path / "in.jsonl"
     lines.write_text("".join(json.dumps({"prompt_ids": [7] * 20 + [i]}) + "\n" for i in range(4)))
@@ -134,8 +129,8 @@ def test_batch_draws_the_page_pool_from_stats_that_add_up(model, capsys, tmp_pat
                      "--kv-cache-tokens", "96", "--plot", str(tmp_path / "pool.png"), "-o", str(tmp_path / "out"))
     assert code == 0 and (tmp_path / "pool.png").read_bytes()[:8] == PNG
     samples = []
-    engine = minigpt.Engine(model, max_batch_size=4, kv_cache_tokens=96)
-    list(engine.results([minigpt.loading.requests.make_request(model, [7] * 20 + [i], 20, stop_at_eos=False)
+    engine = minigpt.Engine(tiny_model, max_batch_size=4, kv_cache_tokens=96)
+    list(engine.results([minigpt.loading.requests.make_request(tiny_model, [7] * 20 + [i], 20, stop_at_eos=False)
                          for i in range(4)], [False] * 4, lambda n: samples.append(engine.stats())))
     assert samples and all(s["pages_in_use"] + s["pages_cached"] + s["pages_free"] == s["pages_total"] for s in samples)
     assert samples[-1]["preemptions"] > 0 and samples[-1]["pages_cached"] > 0

@@ -10,8 +10,7 @@ import inspect
 import json
 
 import pytest
-from test_cli_batch import batch
-from test_cli_errors import cli
+from commands import batch, cli
 
 import minigpt
 from minigpt.cli import build_parser
@@ -26,7 +25,7 @@ BAD = {  # option -> a value its check refuses, and a word the message has
     "stop_at_eos": ("no", "True or False"), "stop": ("x", "a list of strings"),
     "top_logprobs": (21, "an integer in 0..20"), "logit_bias": ({5: 101}, "a number in [-100, 100]"),
     "presence_penalty": (2.5, "a number in [-2, 2]"), "frequency_penalty": (-3, "a number in [-2, 2]"),
-    "repetition_penalty": (0, "a finite number > 0"), "min_tokens": (-1, "an integer >= 0"),
+    "repetition_penalty": (0, "a number in [1e-100, 1e100]"), "min_tokens": (-1, "an integer >= 0"),
     "truncate_prompt": (1, "True or False"), "regex": (12, "must be a string"),
     "json_schema": (7, "must be a JSON schema"), "choice": ("yes", "a non-empty list of strings"),
     "grammar": (5, "must be a string"),
@@ -52,12 +51,11 @@ def test_the_api_s_keywords_and_defaults_are_the_declaration_s():
     assert keywords(minigpt.Engine.generate, ("prompt_logprobs",)) == batched
 
 
-def test_a_keyword_the_api_does_not_take_is_python_s_type_error():
-    model = minigpt.load("random-tiny")
+def test_a_keyword_the_api_does_not_take_is_python_s_type_error(tiny_model):
     with pytest.raises(TypeError, match="generate\\(\\) got an unexpected keyword argument 'temprature'"):
-        minigpt.generate(model, [1], 1, temprature=1.0)
+        minigpt.generate(tiny_model, [1], 1, temprature=1.0)
     with pytest.raises(TypeError, match="truncate_prompt"):
-        minigpt.generate_batch(model, [[1]], 1, truncate_prompt=True)
+        minigpt.generate_batch(tiny_model, [[1]], 1, truncate_prompt=True)
 
 
 def command(name: str) -> argparse.ArgumentParser:
@@ -104,7 +102,7 @@ def test_the_relation_of_two_options_names_both(tiny_model):
 
 CLI_BAD = [("--top-k", "0", "must be an integer >= 1, got 0"), ("--top-k", "2.5", "got '2.5'"),
            ("--presence-penalty", "3", "must be a number in [-2, 2], got 3"),
-           ("--repetition-penalty", "0", "must be a finite number > 0, got 0"),
+           ("--repetition-penalty", "0", "must be a number in [1e-100, 1e100], got 0"),
            ("--logit-bias", "5=101", "gives token 5 the bias 101.0"),
            ("--logit-bias", "x=1", "has the key 'x'"), ("--min-tokens", "-1", "must be an integer >= 0")]
 

@@ -18,39 +18,20 @@ variance (2e-2). A reference is used only where it can decide this (scripts/make
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from parity import FIXTURE_DIRS, KERNELS, LAYOUTS, LIVE_CONFIG, TOLERANCE, make_fixtures
 
 import minigpt
 from minigpt.loading.checkpoint import INDEX_FILE, LM_HEAD, PREFIX, save_checkpoint
-from minigpt.gpt2.config import GPT2_SIZES, GPT2Config
+from minigpt.gpt2.config import GPT2_SIZES
 from minigpt.loop.loops import cached_steps, naive_steps
 from minigpt.loading.weights import random_params
 from minigpt.loading.safetensors_format import read_header
 from minigpt.loading.requests import make_request
 from minigpt.loop.sequence import Sequence
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script(name: str):
-    """A module of scripts/ (which is not a package), imported from its file."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-make_fixtures = load_script("make_fixtures")  # imports torch only when a reference is computed
-TOLERANCE = make_fixtures.TOLERANCE
-FIXTURE_DIRS = sorted(p.parent for p in make_fixtures.FIXTURES_DIR.glob(f"*/{make_fixtures.REFERENCE_FILE}"))
-KERNELS = ("exact", "fast")
-
 
 def logit_error(ours: np.ndarray, reference: np.ndarray) -> float:
     """max |ours - reference| as a fraction of the reference's largest |logit|."""
@@ -116,18 +97,6 @@ def hf_reference():
     pytest.importorskip("torch", reason=reason)
     pytest.importorskip("transformers", reason=reason)
     return make_fixtures.hf_reference
-
-
-# save_checkpoint options: between them, each dtype, naming, buffer, lm_head and sharding choice meets the others.
-LAYOUTS = {
-    "save_pretrained": {},
-    "hub-file": {"prefix": "", "attn_bias": True},
-    "float16-lm-head": {"dtype": "float16", "lm_head": True},
-    "bfloat16-bare-sharded": {"dtype": "bfloat16", "prefix": "", "shards": 3},
-    "bfloat16-all-extras": {"dtype": "bfloat16", "attn_bias": True, "lm_head": True, "shards": 2},
-    "float16-hub-sharded": {"dtype": "float16", "prefix": "", "attn_bias": True, "lm_head": True, "shards": 4},
-}
-LIVE_CONFIG = GPT2Config(vocab_size=256, n_positions=48, n_embd=32, n_head=4, n_layer=2, eos_token_id=None)
 
 
 @pytest.mark.parametrize(("layout", "attn_implementation"),

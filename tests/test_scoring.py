@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 import pytest
-from test_parity import FIXTURE_DIRS, KERNELS, LAYOUTS, LIVE_CONFIG, TOLERANCE, make_fixtures
+from parity import FIXTURE_DIRS, KERNELS, LAYOUTS, LIVE_CONFIG, TOLERANCE, make_fixtures
 
 import minigpt
 import minigpt.scripted.scoring

@@ -131,9 +131,9 @@ def test_the_stop_matcher_holds_only_what_may_still_begin_a_stop_string():
 
 
 @pytest.mark.parametrize("stop", [5, "END", {"END": 1}, ["END", 3]])
-def test_stop_must_be_a_list_of_strings(stop):
+def test_stop_must_be_a_list_of_strings(stop, tiny_model):
     import minigpt
     from minigpt.errors import InputError
 
     with pytest.raises(InputError, match="stop must be a list of strings"):
-        minigpt.generate(minigpt.load("random-tiny"), [1], 3, stop=stop)
+        minigpt.generate(tiny_model, [1], 3, stop=stop)

@@ -76,7 +76,7 @@ def test_best_of_equal_to_n_streams_the_choices_as_generated(model, client):
     ({"logit_bias": {"11": 100.5}}, "logit_bias", "a bias is a number in [-100, 100]"),
     ({"presence_penalty": -2.5}, "presence_penalty", "presence_penalty must be a number in [-2, 2], got -2.5"),
     ({"frequency_penalty": "1"}, "frequency_penalty", "frequency_penalty must be a number in [-2, 2], got '1'"),
-    ({"repetition_penalty": -1}, "repetition_penalty", "repetition_penalty must be a finite number > 0"),
+    ({"repetition_penalty": -1}, "repetition_penalty", "repetition_penalty must be a number in [1e-100, 1e100]"),
     ({"min_tokens": 20}, "min_tokens", "min_tokens must be at most max_tokens (16), got 20"),
 ])
 def test_a_bad_control_is_a_400_naming_its_field_and_the_server_goes_on(model, served, fields, param, words):

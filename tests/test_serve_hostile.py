@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from serving import HOST, get, post, running_server, settled
-from test_api_errors import with_huge_position
+from checkpoints import with_huge_position
 
 import minigpt
 from minigpt.engine import scheduler as engine_module
@@ -27,13 +27,8 @@ from minigpt.scripted import completions, serve
 
 
 @pytest.fixture(scope="module")
-def model(tokenizer):
-    return minigpt.load("random-tiny")
-
-
-@pytest.fixture(scope="module")
-def served(model):
-    with running_server(model, max_batch_size=4, max_queue=4) as (service, url):
+def served(tiny_model, tokenizer):
+    with running_server(tiny_model, max_batch_size=4, max_queue=4) as (service, url):
         yield service, url
 
 
@@ -149,7 +144,7 @@ def test_best_of_equal_to_n_is_accepted_when_n_is_null(served):
     assert status == 200 and len(answer["choices"]) == 1
 
 
-def test_echo_offsets_index_the_text_even_where_a_token_splits_a_character(served, model):
+def test_echo_offsets_index_the_text_even_where_a_token_splits_a_character(served, tiny_model):
     status, _, answer = post(served[1], "/v1/completions", {"prompt": "a\U0001F600b", "max_tokens": 2, "echo": True,
                                                              "logprobs": 0, "temperature": 0})
     choice = answer["choices"][0]
@@ -158,10 +153,10 @@ def test_echo_offsets_index_the_text_even_where_a_token_splits_a_character(serve
     assert offsets == sorted(offsets) and offsets[-1] < len(text)
 
 
-def test_echo_of_an_empty_prompt_gives_back_nothing_before_the_completion(served, model):
+def test_echo_of_an_empty_prompt_gives_back_nothing_before_the_completion(served, tiny_model):
     status, _, answer = post(served[1], "/v1/completions", {"prompt": "", "max_tokens": 3, "echo": True,
                                                              "logprobs": 0, "temperature": 0, "ignore_eos": True})
-    alone = minigpt.generate(model, [], 3, stop_at_eos=False)
+    alone = minigpt.generate(tiny_model, [], 3, stop_at_eos=False)
     choice = answer["choices"][0]
     assert choice["text"] == alone.text and choice["logprobs"]["token_logprobs"] == alone.logprobs
 
@@ -180,9 +175,9 @@ def test_a_fault_during_a_stream_is_an_error_event_of_type_server_error_then_don
     assert settled(served[0])["pages_in_use"] == 0
 
 
-def test_idle_and_half_sent_connections_are_closed_after_the_header_deadline(model, monkeypatch):
+def test_idle_and_half_sent_connections_are_closed_after_the_header_deadline(tiny_model, monkeypatch):
     monkeypatch.setattr(serve, "HEADER_SECONDS", 0.5)
-    with running_server(model) as (_, url):
+    with running_server(tiny_model) as (_, url):
         port = int(url.rsplit(":", 1)[1])
         for sent in (b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"):
             with socket.create_connection((HOST, port), timeout=10) as sock:
@@ -227,10 +222,10 @@ def test_an_ipv6_literal_is_served():
         process.wait(30)
 
 
-def test_an_overflowing_choice_is_a_500_naming_it_and_its_first_layer_and_the_server_goes_on(model):
+def test_an_overflowing_choice_is_a_500_naming_it_and_its_first_layer_and_the_server_goes_on(tiny_model, tokenizer):
     """Weights that overflow at position 8 only: the request whose prompt reaches it gets a 500 naming
     its choice and block 0; a request that stays short of it, before and after, is answered."""
-    broken = with_huge_position(model, 8)
+    broken = with_huge_position(tiny_model, 8)
     with running_server(broken) as (service, url):
         assert post(url, "/v1/completions", {"prompt": [1, 2], "max_tokens": 3})[0] == 200
         status, _, body = post(url, "/v1/completions", {"prompt": list(range(9)), "max_tokens": 3})

@@ -75,9 +75,8 @@ def alone(model, body: dict, j: int):
                             seed=body["seed"] + j if sampled else None)
 
 
-def test_under_load_every_answer_is_bitwise_its_solo_generation_and_no_page_is_left_in_use(tokenizer):
-    model = minigpt.load("random-tiny")
-    with running_server(model, max_batch_size=16, kv_cache_tokens=512, max_queue=N_REQUESTS * 2) as (service, url):
+def test_under_load_every_answer_is_bitwise_its_solo_generation_and_no_page_is_left_in_use(tiny_model, tokenizer):
+    with running_server(tiny_model, max_batch_size=16, kv_cache_tokens=512, max_queue=N_REQUESTS * 2) as (service, url):
         port = int(url.rsplit(":", 1)[1])
         clock = time.perf_counter()
         with ThreadPoolExecutor(CLIENTS) as pool:
@@ -93,7 +92,7 @@ def test_under_load_every_answer_is_bitwise_its_solo_generation_and_no_page_is_l
         body = body_of(i)
         assert sorted(choices) == list(range(body.get("n", 1)))
         for j, (text, logprobs) in choices.items():
-            expected = alone(model, body, j)
+            expected = alone(tiny_model, body, j)
             assert text == expected.text, (i, j)
             if "logprobs" in body:
                 assert logprobs == expected.logprobs, (i, j)

@@ -10,10 +10,10 @@ seeds are fixed, so the tests are deterministic.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
+from checkpoints import tiny
+from chi_square import chi_square_rejects
 
 import minigpt
 from minigpt.engine import speculative
@@ -25,27 +25,6 @@ from minigpt.loop.sampling import SamplingOptions, filtered_log_probs
 from minigpt.loop.sequence import Request, Sequence
 from minigpt.engine.drafters import NGramDrafter
 from minigpt.engine.speculative import verify
-
-Z_0001 = 3.0902  # the standard normal's 0.999 quantile
-
-
-def chi_square_rejects(counts: np.ndarray, probs: np.ndarray) -> bool:
-    """Pearson's test at significance 0.001 that `counts` were drawn from `probs` (cells with
-    probability 0 must be empty)."""
-    if counts[probs == 0].any():
-        return True
-    keep = probs > 0
-    expected = probs[keep] / probs[keep].sum() * counts.sum()
-    statistic = float(((counts[keep] - expected) ** 2 / expected).sum())
-    df = keep.sum() - 1
-    critical = df * (1 - 2 / (9 * df) + Z_0001 * math.sqrt(2 / (9 * df))) ** 3
-    return statistic > critical
-
-
-def tiny(vocab_size: int, seed: int) -> Model:
-    config = GPT2Config(vocab_size=vocab_size, n_positions=32, n_embd=16, n_layer=2, n_head=2, eos_token_id=None)
-    return Model(config, random_params(config, seed=seed, scale=30.0))  # sharp enough to be uneven
-
 
 # --------------------------------------------------------------------------- drafters
 
@@ -277,13 +256,13 @@ class Always:
         pass
 
 
-def test_a_draft_whose_position_overflows_is_rejected_as_plain_decoding_never_feeds_it():
+def test_a_draft_whose_position_overflows_is_rejected_as_plain_decoding_never_feeds_it(tiny_model):
     """A drafted token that overflows the model, and that greedy decoding never chooses: speculation
     verifies the drafts before it and gives plain decoding's tokens, instead of an error plain
     decoding never meets. A draft model that overflows drafts fewer tokens, not an error."""
     import dataclasses
     from minigpt.loading.weights import params_from_tensors, params_to_tensors
-    tiny = minigpt.load("random-tiny")
+    tiny = tiny_model
     x = 31337
     main = overflowing_token_model(tiny, x)
     prompt = [464, 3290, 318]

@@ -10,9 +10,8 @@ import re
 
 import numpy as np
 import pytest
-from test_cli_batch import batch
-from test_cli_errors import cli
-from test_speculative import chi_square_rejects
+from chi_square import chi_square_rejects
+from commands import batch, cli
 
 import minigpt
 from minigpt.errors import InputError

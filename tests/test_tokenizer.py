@@ -202,7 +202,7 @@ def test_a_checkpoint_with_another_vocabulary_gets_no_tokenizer_and_text_is_refu
     assert model.config.vocab_size != 50257 and model.tokenizer is None
     assert main(["generate", "hello", "--model", str(directory)]) == 1
     assert capsys.readouterr().err == (f"error: this model's vocabulary has {model.config.vocab_size} tokens, "
-                                      "not GPT-2's 50257, so it has no tokenizer for a text prompt\n")
+                                      "not GPT-2's 50257, so it has no tokenizer for text\n")
 
 
 def test_a_bpe_folder_without_the_tables_is_named(tmp_path, monkeypatch):

@@ -20,24 +20,22 @@ from typing import Callable, Iterator
 from tqdm import tqdm
 
 from ..loading.requests import check_against_model, make_request
-from ..engine.engine import Engine
+from ..engine.engine import MAX_BATCH_SIZE, Engine
+from ..engine.paging import PAGE
 from ..loading.options import OPTIONS, check_options, from_json
-from ..errors import InputError, MinigptError, check_bool
+from ..errors import InputError, MinigptError, check_bool, unique_keys
 from ..loading.model import Model
-from ..loading.safetensors_format import unique_keys
 from ..loop.sequence import GenerationResult, Request
 from ..loading.tokenizer import valid_text
-from .common import (Stream, UsageError, add_model_options, add_request_options, encode_prompt, flags, input_chunks,
-                     json_text, load_model, positive_int, print_whole, request_options, top_logprobs_json, utf8_text,
-                     worded)
+from .common import (Stream, UsageError, add_model_options, add_request_options, binary, encode_prompt, flags,
+                     input_chunks, json_text, load_model, positive_int, print_whole, request_options,
+                     top_logprobs_json, utf8_text, worded)
 from . import pictures
-from .cost import binary
 from .staircase import check_plot_target, plot_path
 
 LINE_OPTIONS = tuple(name for name, option in OPTIONS.items() if option.batched)  # the request options
 KEYS = ("id", "prompt", "prompt_ids", "prompt_logprobs", *LINE_OPTIONS)
 SAMPLING_ONLY = ("top_k", "top_p", "seed")  # options that change nothing on a greedy line
-DEFAULT_MAX_BATCH_SIZE = 16
 # A line holds one prompt, which must fit in a context: 1,024 GPT-2 tokens of at most 128 bytes each are
 # 128 KiB, 768 KiB written as \u escapes; ids take 7 bytes each. Each line becomes a request checked
 # and kept before any work (a few kB), and 100,000 requests are hours of generation.
@@ -106,10 +104,10 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", default="-", metavar="OUTPUT",
                    help="JSON Lines file of results; - (the default) writes stdout")
     add_model_options(p)
-    p.add_argument("--max-batch-size", type=positive_int, default=DEFAULT_MAX_BATCH_SIZE, metavar="B",
-                   help=f"decode at most B sequences together (default {DEFAULT_MAX_BATCH_SIZE})")
+    p.add_argument("--max-batch-size", type=positive_int, default=MAX_BATCH_SIZE, metavar="B",
+                   help=f"decode at most B sequences together (default {MAX_BATCH_SIZE})")
     p.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="T",
-                   help="the pool of keys and values holds T positions, in pages of 16 (default: B whole "
+                   help=f"the pool of keys and values holds T positions, in pages of {PAGE} (default: B whole "
                         "contexts; at most one per prompt); when it runs short, sequences are preempted and "
                         "recomputed exactly")
     p.add_argument("--no-prefix-cache", action="store_true",
@@ -146,14 +144,17 @@ def run(args: argparse.Namespace) -> int:
                 print_whole(json_text(as_json(ids[written], pending.pop(written), tokenizer)), out)
                 written += 1
     seconds = time.perf_counter() - clock
-    if args.plot is not None and samples:
+    if args.plot is not None and samples:  # no sample: said below, once the summary is out
         pictures.pool(samples, args.plot, f"{args.model}: {len(requests)} prompts, B = {engine.max_batch_size}, "
-                                          f"{pool.n_pages} pages of 16 positions")
+                                          f"{pool.n_pages} pages of {PAGE} positions")
     print(f"{len(requests)} requests, {tokens:,} tokens, {seconds:.3f} s, {tokens / seconds:,.1f} tokens/s, "
           f"peak {pool.peak_in_use:,} of {pool.n_pages:,} pages in use "
           f"({binary(pool.peak_in_use * pool.page_bytes)} of keys and values), {preemptions} preemptions, "
           f"{cached:,} prompt tokens from the prefix cache",
           file=sys.stderr)
+    if args.plot is not None and not samples:  # the output is whole; the picture asked for is not there
+        raise MinigptError(f"--plot: nothing to draw, no engine step ran (no line generates or scores a token), "
+                           f"so {str(args.plot)!r} is not written")
     return 0
 
 
@@ -200,7 +201,7 @@ def read_lines(path: str, name: str) -> Iterator[tuple[int, str]]:
         *complete, pending = (pending + chunk).split(b"\n")
         for at, raw in enumerate([*complete, pending], start=number + 1):
             if len(raw) > MAX_LINE_BYTES:
-                raise UsageError(f"{name} line {at} is longer than {MAX_LINE_BYTES:,} bytes (1 MiB): no "
+                raise UsageError(f"{name} line {at} is longer than {MAX_LINE_BYTES:,} bytes ({binary(MAX_LINE_BYTES)}): no "
                                  "prompt that fits in a context needs as many")
         for raw in complete:
             number += 1

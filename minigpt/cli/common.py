@@ -18,8 +18,9 @@ from ..errors import InputError, MinigptError
 from ..exact.kernels import KERNELS
 from ..loading.loader import load
 from ..loading.model import Model
-from ..loading.tokenizer import encode, token_text, valid_text
-from ..loading.options import OPTIONS, check_options
+from ..loading.tokenizer import encode, no_tokenizer, token_text, valid_text
+from ..loading.options import OPTIONS, by_token, check_options
+from ..loading.structured import MAX_CONSTRAINT_CHARS
 
 
 class UsageError(InputError):
@@ -69,6 +70,26 @@ def input_chunks(path: str, option: str) -> Iterator[bytes]:
                 chunk = source.read(CHUNK)
     except OSError as e:
         raise UsageError(f"cannot read {name}: {e.strerror or e}") from None
+
+
+def binary(n: float) -> str:
+    """A byte count in KiB / MiB / GiB (powers of 1024), as memory is sized."""
+    for prefix, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:,.4g} {prefix}"
+    return f"{n:g} B"
+
+
+def read_text(path: str, option: str, limit: int, why: str) -> str:
+    """The UTF-8 text of the file at `path` (as input_chunks reads it), refused as soon as it passes
+    `limit` bytes (`why`: what that bound is), so that /dev/zero or a huge file is one usage error
+    after a bounded read, never read until memory runs out. Every file a command reads whole comes here."""
+    name, data = f"{option} {path!r}", bytearray()
+    for chunk in input_chunks(path, option):
+        data += chunk
+        if len(data) > limit:
+            raise UsageError(f"{name} holds more than {binary(limit)}, {why}")
+    return utf8_text(bytes(data), name)
 
 
 def utf8_text(data: bytes, name: str) -> str:
@@ -122,15 +143,16 @@ def read_as(kind: type):
 
 
 def id_and_value(text: str) -> tuple:
-    """An argparse type for ID=VALUE (--logit-bias 50256=-100), each side read as a number if it is one."""
+    """An argparse type for ID=VALUE (--logit-bias 50256=-100), the value read as a number if it is one."""
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"must be ID=BIAS (a token id, =, a number), got {text}")
     token, _, value = text.partition("=")
-    return read_as(int)(token), read_as(float)(value)
+    return token, read_as(float)(value)  # the id as text, read as JSON's keys are (by_token)
 
 
 METAVARS = {int: "N", float: "X", str: "TEXT", list: "TEXT", dict: "ID=BIAS"}
 FILES = {"json_schema": "FILE-or-JSON", "grammar": "FILE"}  # options whose flag names a file (or holds the JSON)
+MAX_CONSTRAINT_FILE_BYTES = 4 * MAX_CONSTRAINT_CHARS  # a UTF-8 character takes at most 4 bytes
 
 
 def add_request_options(p: argparse.ArgumentParser, batched: bool) -> None:
@@ -158,11 +180,12 @@ def request_options(args: argparse.Namespace) -> dict:
     the option; the command words it as its flag): keyword -> value."""
     given = {name: getattr(args, name) for name in OPTIONS if getattr(args, name, None) is not None}
     if "logit_bias" in given:
-        given["logit_bias"] = dict(given["logit_bias"])  # the last ID=BIAS of an id wins
+        given["logit_bias"] = by_token(given["logit_bias"], "logit_bias")  # one ID=BIAS per token
     for name in FILES.keys() & given.keys():
         text = given[name]
         if name != "json_schema" or not text.lstrip().startswith("{"):  # a schema's JSON is an object
-            given[name] = utf8_text(b"".join(input_chunks(text, OPTIONS[name].flag)), f"{OPTIONS[name].flag} {text!r}")
+            given[name] = read_text(text, OPTIONS[name].flag, MAX_CONSTRAINT_FILE_BYTES, "more than a constraint's "
+                                    f"{MAX_CONSTRAINT_CHARS:,} characters take")
     checked = check_options(given)
     return {name: checked[name] for name in given}
 
@@ -219,8 +242,8 @@ def signals_held() -> Iterator[None]:
 def print_whole(text: str, stream: Stream | None = None) -> None:
     """`text` and a newline written to `stream` (default stdout) to the last byte before any signal
     is acted on. A pipe whose reader is slow takes a long line in pieces, and a signal between two
-    pieces used to end the command with part of a line written (65,536 bytes of it); now every
-    output holds only whole lines, whatever the signal and the moment. A reader that stops reading
+    pieces would end the command with part of a line written (65,536 bytes of it); held signals make
+    every output hold only whole lines, whatever the signal and the moment. A reader that stops reading
     keeps the command waiting, as it would any writer; closing it ends the command."""
     with signals_held():
         (sys.stdout if stream is None else stream).write_whole(text + "\n")
@@ -299,6 +322,5 @@ def valid_strings(value):
 def encode_prompt(model: Model, text: str) -> list[int]:
     """The prompt's GPT-2 token ids; a model with another vocabulary has no tokenizer to use."""
     if model.tokenizer is None:
-        raise InputError(f"this model's vocabulary has {model.config.vocab_size} tokens, not GPT-2's "
-                         "50257, so it has no tokenizer for a text prompt")
+        raise InputError(no_tokenizer(model.config.vocab_size))
     return encode(model.tokenizer, text)

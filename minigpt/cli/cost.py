@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..loop.cost import ARCHITECTURES, DTYPE_BYTES, MAX_TOKENS, Cost, estimate
-from .common import checked, print_json, print_whole, table
+from .common import binary, checked, print_json, print_whole, table
 
 token_count = checked(int, lambda v: 1 <= v <= MAX_TOKENS, "in 1..10**15")  # cost.estimate's bound
 
@@ -74,10 +74,3 @@ def si(n: float) -> str:
             return f"{n / scale:.3g} {prefix}"
     return f"{n:g}"
 
-
-def binary(n: float) -> str:
-    """A byte count in KiB / MiB / GiB (powers of 1024), as memory is sized."""
-    for prefix, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= scale:
-            return f"{n / scale:,.4g} {prefix}"
-    return f"{n:g} B"

@@ -5,6 +5,9 @@ Each takes the data a command computed and writes one image file."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -59,9 +62,7 @@ def plot_lines(series: dict[str, tuple[list[float], list[float]]], path: str | P
     floor as a dashed line, written to `path` exactly (format: image_format). The latency plots use it,
     and scripts/benchmark.py's tokens/s against B."""
     image = image_format(path)
-    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
-
-    fig = Figure(figsize=(7, 4), dpi=100, layout="constrained")
+    fig = figure(7, 4)
     ax = fig.add_subplot()
     for label, (x, y) in series.items():
         ax.plot(x, y, "o-", markersize=2, linewidth=1, label=label)
@@ -75,24 +76,36 @@ def plot_lines(series: dict[str, tuple[list[float], list[float]]], path: str | P
     ax.set_title(title, fontsize=10, parse_math=False)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    try:
-        fig.savefig(path, format=image)
-    except OSError as e:
-        raise MinigptError(f"cannot write the plot to {path}: {e.strerror or e}") from None
+    save(fig, path, image)
+
+
+MAX_INCHES = 20  # a picture's width and height at most: 2,000 pixels at 100 dpi, whatever it shows
 
 
 def figure(width: float, height: float):
-    image_format("x.png")  # matplotlib is there, or one error naming the extra
+    """A matplotlib Figure of width x height inches (each at most MAX_INCHES), 100 dpi."""
+    require_matplotlib()
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global state
 
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+    return Figure(figsize=(min(width, MAX_INCHES), min(height, MAX_INCHES)), dpi=100, layout="constrained")
 
 
-def save(fig, path: str | Path) -> None:
+def save(fig, path: str | Path, image: str | None = None) -> None:
+    """Write the figure to `path` whole or not at all: into a hidden file beside it, renamed over
+    `path` once complete, so a failure midway (a full disk, a file-size limit, Ctrl-C) leaves no
+    partial picture, and an earlier one at `path` stays as it was."""
+    path = Path(path)
+    image = image or image_format(path)
+    part = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
     try:
-        fig.savefig(path, format=image_format(path))
+        with open(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as file:
+            fig.savefig(file, format=image)
+        os.replace(part, path)
     except OSError as e:
         raise MinigptError(f"cannot write the picture to {path}: {e.strerror or e}") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part)
 
 
 def shown(token: str, width: int = 10) -> str:
@@ -101,27 +114,32 @@ def shown(token: str, width: int = 10) -> str:
     return text if len(text) <= width else text[:width - 1] + "\u2026"
 
 
+LABELLED_TOKENS = 48  # a single attention map names its tokens up to this many; beyond, it numbers positions
+LENS_POSITIONS = 20  # the logit lens shows at most this many positions (the last): a cell holds a token's text
+
+
 def attention(weights: np.ndarray, tokens: list[str], path: str | Path, title: str,
               layers: list[int], heads: list[int]) -> None:
-    """A grid of heatmaps, one per (layer, head) asked for: weights [n_layer, n_head, T, T], row t
-    query t's weights over the keys, the future blank (exactly 0). A single map gets the tokens on its
-    axes."""
+    """A grid of heatmaps, one per (layer, head) asked for: weights [len(layers), len(heads), T, T],
+    row t query t's weights over the keys, the future blank (exactly 0). A single map gets the tokens
+    on its axes (their positions beyond LABELLED_TOKENS); the picture stays within MAX_INCHES a side."""
     one = len(layers) == len(heads) == 1
-    size = 1.6 if not one else max(4.0, 0.35 * len(tokens) + 2)
-    fig = figure(size * len(heads) + 0.6, size * len(layers) + 0.6)
+    size = min(1.6, (MAX_INCHES - 0.6) / max(len(layers), len(heads))) if not one else 0.35 * len(tokens) + 2
+    fig = figure(max(4.0, size * len(heads) + 0.6), max(4.0, size * len(layers) + 0.6))
     grid = fig.subplots(len(layers), len(heads), squeeze=False)
     T = weights.shape[-1]
     future = np.triu(np.ones((T, T), bool), 1)
     for r, layer in enumerate(layers):
         for c, head in enumerate(heads):
             ax = grid[r, c]
-            ax.imshow(np.ma.masked_array(weights[layer, head], future), cmap="viridis", vmin=0, vmax=1)
+            ax.imshow(np.ma.masked_array(weights[r, c], future), cmap="viridis", vmin=0, vmax=1)
             if one:
-                labels = [shown(t) for t in tokens]
-                ax.set_xticks(range(T), labels, rotation=90, fontsize=8)
-                ax.set_yticks(range(T), labels, fontsize=8)
-                ax.set_xlabel("key (attended to)")
-                ax.set_ylabel("query")
+                if T <= LABELLED_TOKENS:
+                    labels = [shown(t) for t in tokens]
+                    ax.set_xticks(range(T), labels, rotation=90, fontsize=8)
+                    ax.set_yticks(range(T), labels, fontsize=8)
+                ax.set_xlabel("key (attended to)" + ("" if T <= LABELLED_TOKENS else ", its position"))
+                ax.set_ylabel("query" + ("" if T <= LABELLED_TOKENS else ", its position"))
             else:
                 ax.set_xticks([])
                 ax.set_yticks([])
@@ -136,20 +154,23 @@ def attention(weights: np.ndarray, tokens: list[str], path: str | Path, title: s
 def logit_lens(ids: np.ndarray, probs: np.ndarray, tokens: list[str], text_of, path: str | Path,
                title: str) -> None:
     """The logit lens as a table: a row per layer (the embeddings at the bottom, the model's own
-    prediction at the top), a column per position, each cell its most likely next token, coloured by
-    that token's probability."""
+    prediction at the top), a column per position (the last LENS_POSITIONS), each cell its most likely
+    next token, coloured by that token's probability."""
     L, T = ids.shape[:2]
-    fig = figure(max(5.0, 0.9 * T + 2), 0.35 * L + 1.8)
+    first = max(0, T - LENS_POSITIONS)
+    shown_ids, shown_probs = ids[:, first:], probs[:, first:]
+    fig = figure(max(5.0, 0.9 * (T - first) + 2), 0.35 * L + 1.8)
     ax = fig.add_subplot()
-    image = ax.imshow(probs[:, :, 0], cmap="Blues", vmin=0, vmax=1, origin="lower", aspect="auto")
+    image = ax.imshow(shown_probs[:, :, 0], cmap="Blues", vmin=0, vmax=1, origin="lower", aspect="auto")
     for layer in range(L):
-        for t in range(T):
-            p = probs[layer, t, 0]
-            ax.text(t, layer, shown(text_of(int(ids[layer, t, 0])), 8), ha="center", va="center", fontsize=7,
+        for t in range(T - first):
+            p = shown_probs[layer, t, 0]
+            ax.text(t, layer, shown(text_of(int(shown_ids[layer, t, 0])), 8), ha="center", va="center", fontsize=7,
                     color="white" if p > 0.6 else "black")
-    ax.set_xticks(range(T), [shown(t) for t in tokens], rotation=90, fontsize=8)
+    ax.set_xticks(range(T - first), [shown(t) for t in tokens[first:]], rotation=90, fontsize=8)
     ax.set_yticks(range(L), layer_names(L - 1)[:L], fontsize=8)
-    ax.set_xlabel("position (its token); each cell: the next token predicted from that layer")
+    where = f"positions {first} to {T - 1} of {T} " if first else "position "
+    ax.set_xlabel(where + "(its token); each cell: the next token predicted from that layer")
     fig.colorbar(image, ax=ax, label="probability of the top token")
     ax.set_title(title, fontsize=10, parse_math=False)
     save(fig, path)

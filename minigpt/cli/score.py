@@ -10,8 +10,8 @@ from ..loading.model import Model
 from ..scripted.api import score
 from ..loading.checks import check_stride
 from ..loading.tokenizer import token_text
-from .common import (UsageError, add_model_options, encode_prompt, input_chunks, load_model,
-                     positive_int, print_json, print_whole, table, utf8_text)
+from .common import (add_model_options, encode_prompt, load_model, positive_int, print_json,
+                     print_whole, read_text, table)
 
 # --file's bound: about a million GPT-2 tokens, an hour and more of windows for GPT-2 small on two cores,
 # and a few hundred MB of per-token results; wikitext-2's test split (1.3 MB), the usual perplexity
@@ -41,7 +41,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    text = args.text if args.file is None else read_text(args.file)
+    text = args.text if args.file is None else read_text(
+        args.file, "--file", MAX_FILE_BYTES, "more than one scoring run takes (about a million tokens); score it in parts")
     model = load_model(args)
     stride = check_stride(args.stride, model.config.n_positions)
     ids = encode_prompt(model, text)
@@ -80,12 +81,3 @@ def report(d: dict) -> str:
     return "\n".join(lines)
 
 
-def read_text(path: str) -> str:
-    """The file's text, at most MAX_FILE_BYTES of it, or one line saying why it cannot be read."""
-    name, data = f"--file {path!r}", bytearray()
-    for chunk in input_chunks(path, "--file"):
-        data += chunk
-        if len(data) > MAX_FILE_BYTES:
-            raise UsageError(f"{name} holds more than {MAX_FILE_BYTES >> 20} MiB, more than one scoring run takes "
-                             "(about a million tokens); score it in parts")
-    return utf8_text(bytes(data), name)

@@ -10,12 +10,15 @@ import argparse
 import logging
 import os
 
+from ..engine.engine import MAX_BATCH_SIZE, pool_positions
+from ..engine.paging import PAGE
 from ..scripted.api import Engine
 from ..errors import MinigptError
 from ..gpt2.config import GPT2Config
+from ..loop.cost import gpt2_architecture, kv_bytes_per_token
 from .common import UsageError, add_model_options, checked, load_model, non_negative_int, positive_int
 
-DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE = 16, 256
+DEFAULT_MAX_QUEUE = 256
 port = checked(int, lambda v: 0 <= v <= 65535, "in 0..65535")
 host = checked(str, lambda v: v.strip() != "", "an address (an empty one would listen on every interface)")
 
@@ -31,10 +34,11 @@ def add_parser(sub) -> None:
                    help="the address to listen on, IPv4, IPv6 (::1) or a name (default 127.0.0.1: this machine "
                         "only); never empty, which would listen on every interface")
     p.add_argument("--port", type=port, default=8000, help="the port (default 8000; 0: any free port)")
-    p.add_argument("--max-batch-size", type=positive_int, default=DEFAULT_MAX_BATCH_SIZE, metavar="B",
-                   help=f"decode at most B sequences together (default {DEFAULT_MAX_BATCH_SIZE})")
+    p.add_argument("--max-batch-size", type=positive_int, default=MAX_BATCH_SIZE, metavar="B",
+                   help=f"decode at most B sequences together (default {MAX_BATCH_SIZE})")
     p.add_argument("--kv-cache-tokens", type=positive_int, default=None, metavar="T",
-                   help="the pool of keys and values holds T positions, in pages of 16 (default: B whole contexts)")
+                   help=f"the pool of keys and values holds T positions, in pages of {PAGE} "
+                        "(default: B whole contexts)")
     p.add_argument("--max-queue", type=non_negative_int, default=DEFAULT_MAX_QUEUE, metavar="N",
                    help=f"at most N choices wait beyond the B running; more is a 429 (default {DEFAULT_MAX_QUEUE})")
     p.add_argument("--served-model-name", metavar="NAME",
@@ -44,9 +48,8 @@ def add_parser(sub) -> None:
 
 def check_pool(config: GPT2Config, args: argparse.Namespace) -> None:
     """Refuse a pool of keys and values larger than this machine's memory, naming the options."""
-    most = args.max_batch_size * config.n_positions
-    positions = most if args.kv_cache_tokens is None else min(args.kv_cache_tokens, most)
-    needed = positions * 2 * config.n_layer * config.n_embd * 4  # float32 keys and values, every layer
+    positions = pool_positions(config.n_positions, args.max_batch_size, args.kv_cache_tokens)
+    needed = positions * kv_bytes_per_token(gpt2_architecture("model", config))
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needed > memory:
         raise UsageError(f"argument --max-batch-size/--kv-cache-tokens: a pool of {positions:,} positions needs "

@@ -10,13 +10,23 @@ import contextlib
 import threading
 from typing import Callable, Iterator
 
-from ..errors import EngineBusyError, InputError, NumericalError, check_bool, check_int
-from ..loading.model import Model, check_model, named_overflow
+from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int
+from ..loading.model import Model, check_model, named_overflow, overflow
 from ..loading.options import takes_options
 from ..loading.requests import make_requests
 from ..loop.sequence import GenerationResult, Request
 from .paging import PAGE, PagePool, pages_for
 from .scheduler import Job, Scheduler
+
+
+MAX_BATCH_SIZE = 16  # sequences decoded together, by default
+
+
+def pool_positions(n_positions: int, max_batch_size: int, kv_cache_tokens: int | None) -> int:
+    """The positions a pool holds: kv_cache_tokens, at most (and by default) a whole context per
+    place in the batch, all the batch can hold at once."""
+    most = max_batch_size * n_positions
+    return most if kv_cache_tokens is None else min(kv_cache_tokens, most)
 
 
 class Engine(Scheduler):
@@ -25,12 +35,13 @@ class Engine(Scheduler):
     tokens (minigpt.engine.scheduler). The pool holds kv_cache_tokens positions (default, and at most: a whole
     context per place in the batch); its memory is committed as pages are written."""
 
-    def __init__(self, model: Model, *, max_batch_size: int = 16, kv_cache_tokens: int | None = None,
+    def __init__(self, model: Model, *, max_batch_size: int = MAX_BATCH_SIZE, kv_cache_tokens: int | None = None,
                  prefix_cache: bool = True):
         check_model(model)
         max_batch_size = check_int(max_batch_size, "max_batch_size", 1)
-        most = max_batch_size * model.config.n_positions  # all the batch can hold at once
-        tokens = most if kv_cache_tokens is None else min(check_int(kv_cache_tokens, "kv_cache_tokens", 1), most)
+        if kv_cache_tokens is not None:
+            kv_cache_tokens = check_int(kv_cache_tokens, "kv_cache_tokens", 1)
+        tokens = pool_positions(model.config.n_positions, max_batch_size, kv_cache_tokens)
         try:
             pool = PagePool(model.config, pages_for(tokens))
         except (MemoryError, OSError, OverflowError, ValueError) as e:
@@ -118,17 +129,11 @@ class Engine(Scheduler):
             self.check_fits(requests)
             jobs = [self.submit(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
             mine = set(jobs)
-            try:
-                for job in named_overflow(self.gpt, self.run(on_step), lambda: []):  # the error has its sequence
-                    if job in mine and job.error is not None:  # its processing gave up mid-way: an error about it
-                        job.error.prompt = job.index
-                        raise job.error
-                    if job in mine:
-                        yield job.index, job.result()
-            except NumericalError as e:
-                if e.sequence not in mine:
-                    raise
-                raise NumericalError(f"prompt {e.sequence.index}: {e}", e.sequence) from None
+            for job in named_overflow(self.gpt, self.run(on_step), lambda: []):
+                if job in mine and job.error is not None:  # its weights overflowed, or its processing gave up
+                    raise failure(self.gpt, job)
+                if job in mine:
+                    yield job.index, job.result()
 
     def check_fits(self, requests: list[Request]) -> None:
         """InputError about kv_cache_tokens, naming (err.prompt) the first request that could never fit in the pool."""
@@ -138,3 +143,11 @@ class Engine(Scheduler):
                                  f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); "
                                  f"the pool holds {self.pool.n_pages * PAGE} ({{kv_cache_tokens}})",
                                  "kv_cache_tokens", prompt=i)
+
+
+def failure(gpt, job: Job) -> MinigptError:
+    """The error of a job that could not go on, about its prompt (err.prompt): an overflow names the
+    layer where it began, traced over the job's ids; a processing that gave up says why."""
+    error = overflow(gpt, job.error, job.seq.ids) if isinstance(job.error, NumericalError) else job.error
+    error.prompt = job.index
+    return error

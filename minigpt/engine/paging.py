@@ -1,4 +1,4 @@
-"""Paged KV memory: one pool of 16-position pages shared by many sequences, and the prefix cache.
+"""Paged KV memory: one pool of pages (PAGE positions each) shared by many sequences, and the prefix cache.
 
 A cache that reserves a sequence's whole context up front (kv_cache.new_cache) wastes the memory
 of every token the sequence never reaches. Serving engines (vLLM's PagedAttention) cut the memory
@@ -25,6 +25,7 @@ import numpy as np
 
 from ..gpt2.config import GPT2Config
 from ..exact.attention import PAGE
+from ..loop.cost import gpt2_architecture, kv_bytes_per_token
 
 
 def pages_for(n_positions: int) -> int:
@@ -92,6 +93,7 @@ class PagePool:
     first: what is evicted when the pool needs room), or free."""
 
     def __init__(self, config: GPT2Config, n_pages: int):
+        self.config = config
         shape = (config.n_layer, config.n_head, n_pages * PAGE, config.head_dim)
         self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)  # [n_layer, H, n_pages * PAGE, hd]: a slot per position
         self.refs = np.zeros(n_pages, np.int64)
@@ -117,7 +119,7 @@ class PagePool:
     @property
     def page_bytes(self) -> int:
         """Bytes of keys and values one page holds."""
-        return (self.k.nbytes + self.v.nbytes) // self.n_pages
+        return PAGE * kv_bytes_per_token(gpt2_architecture("pool", self.config))
 
     def new_cache(self) -> PagedCache:
         """An empty cache whose pages will come from this pool."""

@@ -1,4 +1,4 @@
-"""The engine: many requests decoded together on one page pool that lasts, each exactly as if alone.
+"""Continuous batching: many requests decoded together on one page pool that lasts, each exactly as if alone.
 
 Decoding one token reads every weight once; B sequences decoded in one forward share that read
 (docs/batching.md). The `Scheduler` runs a *continuous batch*: it keeps up to `max_batch_size`
@@ -19,6 +19,10 @@ keys and values depend on its prefix alone, so a reused page holds bitwise what 
 write: tokens and log-probabilities are the same cold or warm, preempted or not, in any batch
 (docs/paging.md).
 
+A constrained sequence's next mask is computed on the engine's mask thread, apart from the steps: a
+sequence whose mask is not ready sits out the step, so that a costly grammar holds up its own
+sequence only (docs/logits-processing.md).
+
 Source: Inference Engineering (fanout.sh, inference-eng): the second fix of "The Autoregressive Loop & Cost".
 """
 
@@ -28,17 +32,20 @@ import dataclasses
 import enum
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, MinigptError, NumericalError
 from ..gpt2.forward import GPT2
 from .paging import PAGE, PageKey, PagedCache, PagePool, PageScores, chained_hashes, page_hash, page_tokens
 from ..exact.batched import forward_batch
 from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
 from ..loop.sequence import GenerationResult, Request, Sequence, check_finite
+
+MASK_WAIT_SECONDS = 0.05  # a step in which no sequence is ready waits this long for a mask, then returns
 
 
 class Status(enum.Enum):
@@ -63,7 +70,7 @@ class Job:
     cached_tokens: int = 0  # prompt positions whose keys and values came from the prefix cache
     scores: list = field(default_factory=list)  # per prompt position: (logprob, top) or None
     status: Status = Status.QUEUED
-    error: InputError | None = None  # why its request could not go on (it was cancelled then)
+    error: MinigptError | None = None  # why its request could not go on (it was cancelled then)
 
     @property
     def needs_prompt_scores(self) -> bool:
@@ -98,6 +105,8 @@ class Scheduler:
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []  # in order of admission
         self.cached_token_hits = self.preemptions = 0
+        self.masks: ThreadPoolExecutor | None = None  # the mask thread, started by the first sequence that needs it
+        self.preparing: dict[Job, Future] = {}  # jobs whose next mask it computes
 
     def submit(self, request: Request, index: int = 0, prompt_logprobs: bool = False) -> Job:
         """Queue a checked request; it joins the batch at a coming step."""
@@ -155,25 +164,24 @@ class Scheduler:
         preempted = self._make_room()
         if not preempted:
             self._admit()
-        if not self.running:
+        jobs = self._ready()
+        if not jobs:
             return finished, 0
         clock = time.perf_counter()
-        jobs = list(self.running)
         logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs],
                                [job.cache for job in jobs], [0 if job.needs_prompt_scores else 1 for job in jobs])
-        for job, rows in zip(jobs, logits):  # rows [T or 1, vocab]: each checked before any is used
-            check_finite(rows, job)
         produced = 0
-        for job, rows in zip(jobs, logits):
-            if job.needs_prompt_scores:
-                self._score_prompt(job, rows)
-            if not job.seq.done:
-                try:
+        for job, rows in zip(jobs, logits):  # rows [T or 1, vocab]
+            try:
+                check_finite(rows, job)  # the weights overflow on its ids
+                if job.needs_prompt_scores:
+                    self._score_prompt(job, rows)
+                if not job.seq.done:
                     job.seq.append(job.seq.choose(rows[-1]), rows[-1], time.perf_counter() - clock)
-                except InputError as e:  # its own processing gave up (a grammar beyond its library's limits):
-                    job.error, job.status = e, Status.CANCELLED  # it alone ends, the batch goes on
-                    continue
-                produced += 1
+                    produced += 1
+            except (InputError, NumericalError) as e:  # or its processing gave up (a grammar beyond its
+                job.error, job.status = e, Status.CANCELLED  # library's limits): it alone ends, the batch goes on
+                continue
             if self.prefix_cache:
                 self._register(job, rows)
             if job.status is Status.PREFILL:
@@ -183,7 +191,25 @@ class Scheduler:
             finished.append(job)
         return finished, produced
 
+    def _ready(self) -> list[Job]:
+        """The running jobs that take part in this step. One whose next row needs work first (a
+        grammar's mask) has it done on the mask thread, and sits out the steps until it is done: a
+        costly mask holds up its own sequence only, never the batch (its tokens do not depend on the
+        step that makes them). With none ready, waits up to MASK_WAIT_SECONDS for one."""
+        for job in self.running:
+            if job not in self.preparing and not job.seq.done and not job.seq.ready:
+                self.masks = self.masks or ThreadPoolExecutor(1, "minigpt-masks")
+                self.preparing[job] = self.masks.submit(job.seq.prepare)  # its error is raised again by choose
+        if self.running and all(job in self.preparing for job in self.running):
+            wait(self.preparing.values(), MASK_WAIT_SECONDS, FIRST_COMPLETED)
+        ready = [job for job in self.running if job not in self.preparing or self.preparing[job].done()]
+        for job in ready:
+            self.preparing.pop(job, None)
+        return ready
+
     def _leave(self, job: Job) -> None:
+        if job in self.preparing:
+            self.preparing.pop(job).cancel()  # not begun: never begins
         if job in self.running:
             self.running.remove(job)
         if job in self.waiting:

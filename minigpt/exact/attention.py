@@ -168,7 +168,7 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, 
             np.copyto(scores[:, a:b, u.first + 1:], -np.inf, where=future)
 
     # pass 2: scale, exponentiate (the softmax before its division), HEADROOM below the row's
-    # maximum, which does not depend on order; each page's 16 weights are summed in a fixed order,
+    # maximum, which does not depend on order; each page's PAGE weights are summed in a fixed order,
     # beside its values.
     scores /= np.float32(math.sqrt(head_dim))
     scores -= np.maximum.reduce(scores, axis=-1, keepdims=True) + HEADROOM
@@ -177,7 +177,7 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, 
     partials = pages.transpose(1, 2, 0, 3)  # [H, G, P, hd + 1] view
     np.add.reduce(scores.reshape(n_head, G, P, PAGE), axis=-1, out=partials[..., head_dim])
 
-    # pass 3: each page's weighted sum of values, 16 keys at a time: [PAGE] @ [PAGE, hd] -> [hd].
+    # pass 3: each page's weighted sum of values, PAGE keys at a time: [PAGE] @ [PAGE, hd] -> [hd].
     for u, a, b in spans:
         if u.n_pages < P:
             partials[:, a:b, u.n_pages:, :head_dim] = -0.0  # pages past the unit's last add nothing

@@ -26,18 +26,22 @@ class Trace:
     hidden: list[np.ndarray] = field(default_factory=list)  # embeddings, each block's output, ln_f's: [T, C]
     keys: list[np.ndarray] = field(default_factory=list)  # per layer, the new positions' keys [T, C]
     values: list[np.ndarray] = field(default_factory=list)  # per layer [T, C]
-    weights: list[np.ndarray] = field(default_factory=list)  # per layer [H, T, S], S = start + T
+    weights: list[np.ndarray] = field(default_factory=list)  # per layer kept [heads kept, T, S], S = start + T
     logits: np.ndarray | None = None  # [T or logits_to_keep, vocab]
 
 
-def traced_forward(gpt: GPT2, ids, cache: KVCache | None = None, logits_to_keep: int = 0) -> Trace:
-    """gpt2.forward (no cache) or kv_cache.forward_cached, recording every layer."""
+def traced_forward(gpt: GPT2, ids, cache: KVCache | None = None, logits_to_keep: int = 0,
+                   layers: list[int] | None = None, heads: list[int] | None = None) -> Trace:
+    """gpt2.forward (no cache) or kv_cache.forward_cached, recording every layer; the attention
+    weights of the heads `heads` (None: all) of the layers `layers` (None: all) only, [H, T, S] each
+    being what a long text cannot afford for every head."""
     start, trace = (0 if cache is None else cache.length), Trace()
     x = embed(gpt.params, ids, start)  # [T, C]
     trace.hidden.append(x)
     for layer, p in enumerate(gpt.params.h):
         attend = gpt.kernels.attend if cache is None else cache.attend(layer, start, gpt.kernels)
-        x = block(x, p, gpt.config, recording(attend, gpt, trace, cache, layer), gpt.kernels.linear)
+        kept = heads if layers is None or layer in layers else []
+        x = block(x, p, gpt.config, recording(attend, gpt, trace, cache, layer, kept), gpt.kernels.linear)
         trace.hidden.append(x)
     if cache is not None:
         cache.length = start + len(ids)
@@ -46,14 +50,19 @@ def traced_forward(gpt: GPT2, ids, cache: KVCache | None = None, logits_to_keep:
     return trace
 
 
-def recording(attend: Callable, gpt: GPT2, trace: Trace, cache: KVCache | None, layer: int) -> Callable:
-    """`attend`, also keeping the new keys and values it is given and the weights of its queries."""
+def recording(attend: Callable, gpt: GPT2, trace: Trace, cache: KVCache | None, layer: int,
+              heads: list[int] | None) -> Callable:
+    """`attend`, also keeping the new keys and values it is given and the weights of the queries of
+    `heads` (None: every head; []: none, and no weights are kept for the layer)."""
     def attend_and_record(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:  # [H, T, hd] each
         out = attend(q, k, v)
         seen = k if cache is None else cache.k[layer, :, :cache.length + q.shape[1]]  # keys 0 .. S-1
         trace.keys.append(merge_heads(k))
         trace.values.append(merge_heads(v))
-        trace.weights.append(gpt.kernels.attention_weights(q, seen))
+        if heads is None:
+            trace.weights.append(gpt.kernels.attention_weights(q, seen))
+        elif heads:
+            trace.weights.append(gpt.kernels.attention_weights(q[heads], seen[heads]))  # [len(heads), T, S]
         return out
     return attend_and_record
 

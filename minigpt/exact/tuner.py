@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..gpt2.config import GPT2_VOCAB_SIZE, GPT2Config
 from .fast import fast_linear
 from .linear import exact_linear
 from .tuning import MIB, NEVER, OPENBLAS_SPLIT, Tuning, cache_bytes, machine_default, threads, tuned
@@ -35,7 +36,7 @@ def fastest(candidates: dict, run, rounds: int = 5, settle: float = 0.0) -> tupl
     return candidates[min(best, key=best.get)], best
 
 
-def measure(n_embd: int = 768, vocab_size: int = 50257) -> tuple[Tuning, dict[str, dict]]:
+def measure(n_embd: int = GPT2Config.n_embd, vocab_size: int = GPT2_VOCAB_SIZE) -> tuple[Tuning, dict[str, dict]]:
     """Time the kernels' products at each candidate cut on a GPT-2 decode step's matrices: blocks'
     four (more of them than the L3 holds, read again until they weigh as GPT-2 small's 12 blocks)
     and the LM head, whose cut matters as much (it is a third of the step's weights): the fastest

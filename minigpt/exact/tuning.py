@@ -34,6 +34,8 @@ from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
+from ..errors import unique_keys
+
 MIB = 2**20
 
 
@@ -157,13 +159,8 @@ def read_kept(path: Path) -> dict[str, dict]:
     if len(data) > KEPT_BYTES:
         raise ValueError(f"larger than {KEPT_BYTES} bytes")
 
-    def unique(pairs):
-        keys = [k for k, _ in pairs]
-        if len(set(keys)) < len(keys):
-            raise ValueError("a key appears twice")
-        return dict(pairs)
     try:
-        kept = json.loads(data, object_pairs_hook=unique)
+        kept = json.loads(data, object_pairs_hook=unique_keys)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     if not isinstance(kept, dict) or not all(isinstance(v, dict) for v in kept.values()):

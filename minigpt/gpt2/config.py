@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+GPT2_VOCAB_SIZE = 50257  # 50,000 merges + 256 bytes + <|endoftext|>
+
 
 @dataclass(frozen=True)
 class GPT2Config:
     """The numbers that fix every tensor shape; the defaults are GPT-2 small (124M)."""
 
-    vocab_size: int = 50257
+    vocab_size: int = GPT2_VOCAB_SIZE
     n_positions: int = 1024  # the context: positions the model has embeddings for
     n_embd: int = 768  # C, the width of every position's hidden state
     n_layer: int = 12

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .checks import check_config
+from .checks import SIZE_FIELDS, check_config
 from ..gpt2.config import GPT2Config
-from ..errors import CheckpointError, ConfigError, UnsafeCheckpointError
+from ..errors import CheckpointError, ConfigError, UnsafeCheckpointError, unique_keys
 from .files import is_file, kind, list_directory
 from ..gpt2.params import GPT2Params
 from .weights import BLOCK_TENSORS, expected_shapes, params_from_tensors, params_to_tensors
 from .safetensors_format import (
-    ENCODINGS, ITEMSIZE, TensorInfo, atomic_write, read_header, read_safetensors, unique_keys, write_safetensors,
+    ENCODINGS, ITEMSIZE, TensorInfo, atomic_write, read_header, read_safetensors, write_safetensors,
 )
 
 CONFIG_FILE = "config.json"
@@ -74,7 +74,7 @@ def config_from_dict(d: object, source: str = "config.json") -> GPT2Config:
             key = "n_ctx"  # the oldest GPT-2 configs call it n_ctx
         if key in d:
             fields[field.name] = d[key]
-        elif field.name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+        elif field.name in SIZE_FIELDS:
             raise ConfigError(f"{source}: missing field {field.name!r}")
     eos, vocab = fields.get("eos_token_id"), fields.get("vocab_size")
     if isinstance(eos, int) and isinstance(vocab, int) and eos >= vocab:

@@ -23,12 +23,14 @@ from ..gpt2.params import GPT2Params
 from ..loop.sequence import context_error, positions_needed
 from .weights import expected_shapes, params_to_tensors
 
+SIZE_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # integers >= 1, required in a config.json
+
 
 def check_config(config: object) -> GPT2Config:
     """`config` if it is a GPT2Config whose fields make a GPT-2; else ConfigError naming the field."""
     if not isinstance(config, GPT2Config):
         raise InputError(f"config must be a GPT2Config, got {type(config).__name__}")
-    for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+    for name in SIZE_FIELDS:
         if not is_int(value := getattr(config, name)) or value < 1:
             raise ConfigError(f"config field {name!r} must be an integer >= 1, got {shown(value)}")
     if config.n_embd % config.n_head:

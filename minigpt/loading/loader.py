@@ -21,12 +21,12 @@ from functools import partial
 from pathlib import Path
 
 from .checkpoint import INDEX_FILE, WEIGHTS_FILE, load_checkpoint
-from ..gpt2.config import GPT2_SIZES, GPT2Config
+from ..gpt2.config import GPT2_SIZES, GPT2_VOCAB_SIZE, GPT2Config
 from ..errors import CheckpointError, InputError, ModelNotFoundError, OfflineError
 from .files import is_file, kind
 from ..exact.kernels import KERNELS
 from .model import Model
-from .tokenizer import GPT2_VOCAB_SIZE, gpt2_tokenizer
+from .tokenizer import gpt2_tokenizer
 from .weights import random_params
 
 HUB_ALIASES = {

@@ -5,7 +5,7 @@ the logits processing it asks for built.
 
 from __future__ import annotations
 
-from ..errors import InputError, MinigptError
+from ..errors import InputError, MinigptError, shown
 from ..loop.processing import Penalties, Processing
 from ..loop.sampling import SamplingOptions
 from ..loop.sequence import Request
@@ -41,7 +41,7 @@ def check_against_model(model: Model, values: dict) -> None:
     outside = [token for token in values["logit_bias"] if token >= model.config.vocab_size]
     if outside:
         raise InputError("{logit_bias} has the token id {value}, outside the vocabulary [0, {vocab_size})",
-                         "logit_bias", value=outside[0], vocab_size=model.config.vocab_size)
+                         "logit_bias", value=shown(outside[0]), vocab_size=model.config.vocab_size)
 
 
 def processing(values: dict, tokenizer, eos: int | None) -> tuple[Processing, ...]:

@@ -26,7 +26,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, unique_keys
 from .files import is_file
 
 # Bytes per element of every dtype the format defines with a whole-byte size.
@@ -189,16 +189,6 @@ def _parse_json(blob: bytes, path: Path) -> dict:
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise CheckpointError(f"{path}: header '__metadata__' must map strings to strings")
     return header
-
-
-def unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object hook: a repeated key (two tensors under one name) is ambiguous, so an error."""
-    seen = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise ValueError(f"key {reprlib.repr(key)} appears twice in one object")
-        seen.add(key)
-    return dict(pairs)
 
 
 def _tensor_info(path: Path, name: str, entry: object, data_start: int, data_size: int) -> TensorInfo:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 import weakref
 
 import numpy as np
@@ -28,9 +27,15 @@ import tiktoken
 from ..errors import InputError, shown
 
 CONSTRAINTS = ("regex", "json_schema", "choice", "grammar")  # at most one per request
-# A mask is computed for every token of every constrained sequence, in the engine's step: a grammar
-# whose first one takes longer (llguidance's lexer grows with counted repetitions: a{40000}) is refused.
-MAX_MASK_SECONDS = 0.25
+# What a constraint may cost, decided before llguidance's work and never by the clock, so that the
+# verdict is the same under any load (docs/logits-processing.md#what-a-constraint-may-cost):
+MAX_CONSTRAINT_CHARS = 16_384  # its text: a regex, a grammar, a schema's JSON, the choices as one regex (a
+# literal's masks grow as the square of its length: one of 16,000 characters takes a good part of a second)
+MAX_REPETITION = 1_000  # a counted repetition's count ({m,n}: n; {m,}: m), nested ones multiplied
+# llguidance's own budgets, counted in its work: lexer fuel (regex nodes built) to start and per mask,
+# lexer states, Earley items per mask and per row, grammar size. A mask beyond them fails the sequence.
+LIMITS = dict(initial_lexer_fuel=200_000, step_lexer_fuel=50_000, max_lexer_states=50_000, step_max_items=20_000,
+              max_items_in_row=2_000, max_grammar_size=200_000)
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tiktoken encoding -> llguidance's
 _LOCK = threading.Lock()
 
@@ -78,8 +83,8 @@ def check_value(kind: str):
     return check
 
 
-def json_schema(value: object, name: str) -> dict | bool:
-    """A JSON schema given as an object (or true/false) or as its JSON text, as an object."""
+def json_schema(value: object, name: str) -> dict:
+    """A JSON schema given as an object (or true: any JSON) or as its JSON text, as an object."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -92,7 +97,9 @@ def json_schema(value: object, name: str) -> dict | bool:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:  # a set, NaN, a cycle: not JSON
         raise InputError(f"{{{name}}} is not JSON: {{error}}", name, error=e) from None
-    return value
+    if value is False:
+        raise InputError(f"{{{name}}} is false, a schema no JSON is valid under: no text matches it", name)
+    return {} if value is True else value  # true: any JSON, as {} (JSON Schema's meaning)
 
 
 def one_constraint(values: dict) -> tuple[str, object] | None:
@@ -108,29 +115,92 @@ def one_constraint(values: dict) -> tuple[str, object] | None:
 def compile_constraint(tokenizer: tiktoken.Encoding | None, kind: str, value: object,
                        eos_allowed: bool = True) -> Constraint:
     """Compile `value` as constraint `kind` (one of CONSTRAINTS) for `tokenizer`: an InputError about
-    the option when the value is of the wrong type, does not compile, or would cost too much to
-    follow. eos_allowed False (a sequence that does not stop at <|endoftext|>): the grammar never
-    allows the end-of-text token, so the text ends only when it matches whole and cannot grow."""
+    the option when the value is of the wrong type, longer than MAX_CONSTRAINT_CHARS, repeats beyond
+    MAX_REPETITION, does not compile or goes beyond llguidance's LIMITS at its first mask.
+    eos_allowed False (a sequence that does not stop at <|endoftext|>): the grammar never allows
+    the end-of-text token, so the text ends only when it matches whole and cannot grow."""
     if kind not in CONSTRAINTS:
         raise InputError(f"no constraint {shown(kind)}: one of {', '.join(CONSTRAINTS)}")
     value = check_value(kind)(value, kind)
+    text = source(kind, value)
+    if len(text) > MAX_CONSTRAINT_CHARS:
+        raise InputError(f"{{{kind}}} is too long: {{length}} characters{' as one regex' if kind == 'choice' else ''}"
+                         f", at most {MAX_CONSTRAINT_CHARS:,}", kind, length=f"{len(text):,}")
+    for regex in regexes(kind, value, text):
+        check_repetition(regex, kind)
     llg = llguidance(kind)
     if tokenizer is None:
         raise InputError(f"{{{kind}}} constrains text: it needs the model's tokenizer (GPT-2's vocabulary), "
                          "and this model has none", kind)
     ll = ll_tokenizer(tokenizer, kind)
-    matcher = llg.LLMatcher(ll, grammar_of(llg, kind, value), log_level=0,
-                            limits=llg.LLParserLimits(verbose_errors=False))  # errors without llguidance's state
-    clock = time.perf_counter()
+    matcher = llg.LLMatcher(ll, grammar_of(llg, kind, value, text), log_level=0,
+                            limits=llg.LLParserLimits(verbose_errors=False, **LIMITS))  # errors without its state
+    first = np.zeros(((ll.vocab_size + 31) // 32,), np.uint32)  # the first mask: beyond the limits fails here
     if not matcher.is_error():
-        matcher.compute_bitmask()  # the first mask: a lexer beyond llguidance's limits fails here, not mid-way
+        matcher.unsafe_compute_mask_ptr(first.ctypes.data, first.nbytes)
     if matcher.is_error():
         raise InputError(f"{{{kind}}} does not compile: {{error}}", kind, error=message(matcher.get_error(), kind))
-    if (seconds := time.perf_counter() - clock) > MAX_MASK_SECONDS:
-        raise InputError(f"{{{kind}}} is too costly to follow: its first mask took {{seconds}} s, and one is "
-                         f"computed for every token (at most {MAX_MASK_SECONDS} s); a counted repetition such as "
-                         "a{{40000}} builds that many states", kind, seconds=f"{seconds:.2f}")
-    return Constraint(kind, matcher, ll.vocab_size, tokenizer.eot_token, eos_allowed)
+    return Constraint(kind, matcher, first, ll.vocab_size, tokenizer.eot_token, eos_allowed)
+
+
+LITERAL = {ord(c): "\\" + c for c in "\\.+*?()|[]{}^$#&-~"}  # a regex's special characters, escaped
+
+
+def source(kind: str, value: object) -> str:
+    """A checked constraint's text, as llguidance reads it: a choice is one regex of its strings."""
+    if kind == "choice":
+        return "|".join(choice.translate(LITERAL) for choice in value)
+    return json.dumps(value) if kind == "json_schema" else value
+
+
+def regexes(kind: str, value: object, text: str) -> list[str]:
+    """The regexes whose counted repetitions a constraint repeats: a regex or grammar itself (a
+    Lark grammar counts its rules' repetitions, x{3} or x~3, as a regex does), a schema's patterns."""
+    if kind in ("regex", "grammar"):
+        return [text]
+    if kind == "json_schema":
+        found: list[str] = []
+        walk = [value]
+        while walk:
+            node = walk.pop()
+            if isinstance(node, dict):
+                found += [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+                found += list(node["patternProperties"]) if isinstance(node.get("patternProperties"), dict) else []
+                walk += node.values()
+            elif isinstance(node, list):
+                walk += node
+        return found
+    return []  # a choice's regex repeats nothing
+
+
+# a regex's pieces: an escape, a class, a group's ends, a counted repetition ({m}, {m,}, {m,n}, Lark's ~m..n)
+PIECES = re.compile(r"\\.|\[(?:\\.|[^\]\\])*\]|[()]|\{(\d+)(?:,(\d*))?\}|~\s*(\d+)(?:\s*\.\.\s*(\d+))?|.", re.S)
+
+
+def check_repetition(regex: str, kind: str) -> None:
+    """An InputError when a counted repetition in `regex` repeats anything more than MAX_REPETITION
+    times, nested ones multiplied: llguidance's lexer builds a state per repetition ((a{1000}){1000}
+    takes minutes), known from the text before any work."""
+    groups, last = [1], 1  # the most any piece inside each open group repeats; the last piece's count
+    for piece in PIECES.finditer(regex):
+        counts = [c for c in piece.groups() if c]
+        if piece.group() == "(":
+            groups.append(1)
+            last = 1
+        elif piece.group() == ")":
+            last = groups.pop() if len(groups) > 1 else 1
+            groups[-1] = max(groups[-1], last)
+        elif counts:
+            count = counts[-1]
+            last = min(last * int(count[:31]), 10**30)  # beyond 10^30 (or 31 digits): more than enough
+            groups[-1] = max(groups[-1], last)
+            if last > MAX_REPETITION:
+                raise InputError(f"{{{kind}}} repeats too much: {{piece}} at character {piece.start() + 1} repeats "
+                                 f"{{count}} times in all, at most {MAX_REPETITION:,} (a counted repetition builds a "
+                                 "lexer state per time)", kind, piece=piece.group(),
+                                 count=f"{last:,}" if last < 10**30 else "more than 10^30")
+        else:
+            last = 1
 
 
 # JSON laid out as Python's json.dumps lays it out, no other whitespace: a model free to add any
@@ -138,15 +208,13 @@ def compile_constraint(tokenizer: tiktoken.Encoding | None, kind: str, value: ob
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def grammar_of(llg, kind: str, value: object) -> str:
-    """llguidance's grammar for a checked constraint."""
+def grammar_of(llg, kind: str, value: object, text: str) -> str:
+    """llguidance's grammar for a checked constraint and its text (`source`)."""
     try:
         if kind == "json_schema":
-            return llg.LLMatcher.grammar_from_json_schema(json.dumps(value), defaults=JSON_LAYOUT)
-        if kind == "choice":  # a JSON string is a Lark string literal
-            return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(map(json.dumps, value)))
-        if kind == "regex":
-            return llg.LLMatcher.grammar_from_regex(value)
+            return llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)
+        if kind in ("regex", "choice"):  # a choice as one regex: one lexeme, as a regex alternation is
+            return llg.LLMatcher.grammar_from_regex(text)
         return llg.grammar_from("grammar", value)  # Lark (with a start rule), or llama.cpp's GBNF, as vLLM takes it
     except ValueError as e:
         raise InputError(f"{{{kind}}} does not compile: {{error}}", kind, error=e) from None
@@ -165,24 +233,44 @@ def message(error: str, kind: str) -> str:
 
 class Constraint:
     """One compiled constraint, a logits processing (minigpt.loop.processing): llguidance's grammar
-    checked against the tokenizer, and a matcher at its start that each sequence copies."""
+    checked against the tokenizer, and a matcher at its start, with its first mask, that each sequence copies."""
 
-    def __init__(self, kind: str, start, vocab: int, eos: int, eos_allowed: bool):
+    def __init__(self, kind: str, start, first: np.ndarray, vocab: int, eos: int, eos_allowed: bool):
         self.kind, self._start, self.vocab, self.eos, self.eos_allowed = kind, start, vocab, eos, eos_allowed
+        self.first = self.without_eos(first)
+        self.empty = not self.without_eos(first.copy(), always=True).any()  # the empty text matches whole
 
     def start(self, prompt: tuple[int, ...]) -> Matcher:
         """A new sequence's matcher, at the grammar's start (the prompt is not part of the text to match)."""
         return Matcher(self, self._start.deep_copy())
 
+    def without_eos(self, bits: np.ndarray, always: bool = False) -> np.ndarray:
+        """A mask [words] with the end-of-text token's bit cleared (when eos is not allowed, or always)."""
+        if always or not self.eos_allowed:
+            word, bit = divmod(self.eos, 32)
+            bits[word] &= ~np.uint32(1 << bit)
+        return bits
+
 
 class Matcher:
     """One sequence's place in its grammar, a logits processor: the mask of the tokens allowed next
-    (computed once per place), applied to a row, advanced with each token the sequence keeps."""
+    (computed once per place, by `prepare`: the engine does it on its mask thread, so that a costly
+    mask holds up its own sequence only), applied to a row, advanced with each token the sequence keeps."""
 
     def __init__(self, constraint: Constraint, matcher):
         self.constraint, self._matcher = constraint, matcher
-        self._bits: np.ndarray | None = None  # uint32 [ceil(vocab / 32)]: bit t % 32 of word t // 32 is token t
-        self._open = True  # a token other than the end-of-text one is allowed
+        self._bits: np.ndarray | None = constraint.first  # uint32 [ceil(vocab / 32)]: bit t % 32 of word t // 32
+        self._moved = False  # it has advanced: its first mask (the constraint's, shared) is behind it
+
+    @property
+    def ready(self) -> bool:
+        """The mask at this place is computed: `apply` costs microseconds."""
+        return self._bits is not None
+
+    def prepare(self) -> None:
+        """Compute the mask at this place (llguidance works without the GIL); an InputError when
+        llguidance gives up (a step beyond its LIMITS)."""
+        self.bits()
 
     def bits(self) -> np.ndarray:
         """The mask at this place, uint32 [ceil(vocab / 32)], the bit of each allowed token set."""
@@ -190,13 +278,7 @@ class Matcher:
             bits = np.zeros(((self.constraint.vocab + 31) // 32,), np.uint32)
             self._matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
             self._check()
-            word, eos = divmod(self.constraint.eos, 32)
-            with_eos = bits[word]
-            bits[word] &= ~np.uint32(1 << eos)
-            self._open = bool(bits.any())
-            if self.constraint.eos_allowed:
-                bits[word] = with_eos
-            self._bits = bits
+            self._bits = self.constraint.without_eos(bits)
         return self._bits
 
     def allowed(self) -> np.ndarray:
@@ -212,13 +294,13 @@ class Matcher:
         """The sequence kept `token`, one the mask allowed."""
         self._matcher.consume_token(token)
         self._check()
-        self._bits = None
+        self._bits, self._moved = None, True
 
     @property
     def complete(self) -> bool:
-        """Nothing can follow but the end: the text matches the grammar and cannot grow."""
-        self.bits()
-        return not self._open
+        """Nothing can follow but the end: the text matches the grammar and cannot grow (llguidance
+        knows it from the parser's state once it has advanced, without a mask)."""
+        return self._matcher.is_stopped() if self._moved else self.constraint.empty
 
     def _check(self) -> None:
         """llguidance's matcher never raises: a token outside the grammar, or a step beyond its limits

@@ -3,7 +3,7 @@
 GPT-2's two BPE tables (`encoder.json`, `vocab.bpe`, OpenAI's files, MIT-licensed) ship inside the
 package (minigpt/gpt2_bpe/), so tokenizing never needs the network. Hugging Face checkpoints carry
 the same tables as `vocab.json` + `merges.txt` and `MINIGPT_BPE_DIR` can name a folder holding
-either pair; those come first (docs/tokenizer.md). Tables are read here, as they are now:
+either pair; those come first (docs/tokenizer.md). Tables are read here, as the files stand:
 tiktoken's own loader would keep a copy keyed by path in its download cache and never notice a
 changed file.
 """
@@ -20,10 +20,10 @@ import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from ..errors import InputError, TokenizerError, check_bool
+from ..gpt2.config import GPT2_VOCAB_SIZE
 from .files import is_file
 
 ENDOFTEXT = "<|endoftext|>"
-GPT2_VOCAB_SIZE = 50257  # 50,000 merges + 256 bytes + <|endoftext|>
 # (merges file, token -> id file) as tiktoken's download names them and as the hub repos do.
 BPE_FILE_PAIRS = (("vocab.bpe", "encoder.json"), ("merges.txt", "vocab.json"))
 PACKAGED_BPE = Path(__file__).resolve().parents[1] / "gpt2_bpe"
@@ -131,6 +131,12 @@ def token_text(tokenizer: tiktoken.Encoding, token: int) -> str:
 SURROGATE_ESCAPES = re.compile("([\udc80-\udcff]+)")
 
 
+def no_tokenizer(vocab_size: int) -> str:
+    """Why text cannot be encoded for a model whose vocabulary is not GPT-2's (model.tokenizer is None)."""
+    return (f"this model's vocabulary has {vocab_size} tokens, not GPT-2's {GPT2_VOCAB_SIZE}, "
+            "so it has no tokenizer for text")
+
+
 def encode(tokenizer: tiktoken.Encoding, text: str, *, special_tokens: bool = True) -> list[int]:
     """Encode text. A literal "<|endoftext|>" in it is the special token 50256, as Hugging Face's
     GPT-2 tokenizer makes it (documents joined by it read as separate documents); with
@@ -138,7 +144,7 @@ def encode(tokenizer: tiktoken.Encoding, text: str, *, special_tokens: bool = Tr
 
     Undecodable bytes that Python carries as surrogate escapes (a command line's, a file name's)
     are encoded as themselves, one byte token each, so the ids hold the bytes given. tiktoken alone
-    would turn them into U+FFFD, as it still does with any other lone surrogate.
+    would turn them into U+FFFD, as it does any other lone surrogate.
     """
     if tokenizer is None:  # `model.tokenizer` of a model whose vocabulary is not GPT-2's
         raise TokenizerError("no tokenizer (None): the model's vocabulary is not GPT-2's, so it has no tokenizer "

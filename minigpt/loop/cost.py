@@ -127,12 +127,13 @@ def cached_flops(arch: Architecture, prompt: int, reply: int) -> int:
     return _flops(arch, positions, _triangular(positions), reply)
 
 
-def kv_bytes_per_token(arch: Architecture, dtype: str) -> int:
-    """Keys and values of every layer for one position: 2 * n_layer * n_kv_heads * head_dim * bytes."""
-    return 2 * arch.n_layer * arch.n_kv_heads * arch.head_dim * DTYPE_BYTES[dtype]
+def kv_bytes_per_token(arch: Architecture, dtype: str | None = None) -> int:
+    """Keys and values of every layer for one position: 2 * n_layer * n_kv_heads * head_dim * bytes,
+    in `dtype` (default: the architecture's own)."""
+    return 2 * arch.n_layer * arch.n_kv_heads * arch.head_dim * DTYPE_BYTES[dtype or arch.dtype]
 
 
-MAX_TOKENS = 10 ** 15  # beyond any context; above it the ratios overflow float64 (reply 10**400 did)
+MAX_TOKENS = 10 ** 15  # beyond any context; above it the ratios can overflow float64 (a reply of 10**400 does)
 
 
 def estimate(arch: Architecture, prompt: int, reply: int, dtype: str | None = None) -> Cost:

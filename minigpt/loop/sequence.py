@@ -212,6 +212,19 @@ class Sequence:
             z[eos] = -np.inf
         return z
 
+    @property
+    def ready(self) -> bool:
+        """Its next row can be processed at once: no processor has work to do first (a grammar's mask
+        to compute, which the engine does on its mask thread: minigpt.engine.scheduler)."""
+        return all(getattr(processor, "ready", True) for processor in self.processors)
+
+    def prepare(self) -> None:
+        """Do the work its processors need before its next row (compute a grammar's mask), from any
+        thread while no other touches this sequence."""
+        for processor in self.processors:
+            if not getattr(processor, "ready", True):
+                processor.prepare()
+
     def choose(self, logits: np.ndarray) -> int:
         """The next token from one row of logits [vocab], with this sequence's options and generator."""
         check_finite(logits)

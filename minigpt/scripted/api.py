@@ -20,7 +20,7 @@ from ..loading.options import takes_options
 from ..loading.requests import make_request
 from ..engine.drafters import check_speculation
 from ..engine.speculative import speculative_steps
-from ..engine.engine import Engine
+from ..engine.engine import MAX_BATCH_SIZE, Engine
 from . import scoring
 
 
@@ -64,9 +64,10 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     (minigpt.loop.processing). The sequence ends at <|endoftext|> (unless stop_at_eos=False), after
     max_new_tokens, or at the token completing the first of the `stop` strings in its new text (its
     `text` ends before the string; docs/sampling.md), neither within its first min_tokens tokens.
-    top_logprobs=N also records the N most likely tokens at each step (N at most 20).
-    `speculate` ("ngram", a draft Model or a Drafter) checks up to `draft_tokens` (default 4)
-    guessed tokens per step (minigpt.engine.speculative): greedy with the exact kernels, the tokens
+    top_logprobs=N also records the N most likely tokens at each step (N at most
+    minigpt.loop.sampling.MAX_TOP_LOGPROBS). `speculate` ("ngram", a draft Model or a Drafter) checks
+    up to `draft_tokens` (default minigpt.engine.drafters.DRAFT_TOKENS) guessed tokens per step
+    (minigpt.engine.speculative): greedy with the exact kernels, the tokens
     are plain greedy decoding's (the fast kernels' ULPs may break a near-tie otherwise); sampling,
     they follow the same distribution, though a seed gives other tokens. on_step(tokens so far,
     that token's seconds) is called after each token (a progress bar); its own time is not counted
@@ -107,7 +108,7 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
 
 
 @takes_options(batched=True)
-def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: int = 16,
+def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: int = MAX_BATCH_SIZE,
                    kv_cache_tokens: int | None = None, prefix_cache: bool = True, **options) -> list[GenerationResult]:
     """Generate for every prompt (a list of token-id lists), decoding up to `max_batch_size` of them
     together, on a one-shot Engine (prompts of one call share their prefixes). Returns the results
@@ -159,16 +160,52 @@ def prove(model: Model, prompt_ids, n_steps: int = 8) -> causal_proof.Proof:
         raise overflow(model, e, prompt) from None
 
 
-def inspect(model: Model, ids) -> inspection.Inspection:
+INSPECT_TOKENS = 1024  # the most token ids `inspect` (the command) and /inspect look inside (docs/serving.md)
+
+
+def inspect(model: Model, ids, layers=None, heads=None) -> inspection.Inspection:
     """inspection.inspect on checked token ids (1 to n_positions of them): one forward kept for a
-    reader, its attention per layer and head, its hidden states and the logit lens."""
+    reader, the attention of `heads` of `layers` (None: every one; [] keeps none), its hidden states
+    and the logit lens."""
     ids = check_ids(ids, check_model(model).config.vocab_size).tolist()
     if not 1 <= len(ids) <= model.config.n_positions:
         raise ContextLengthError(f"inspect takes 1 to {model.config.n_positions} token ids (n_positions), got {len(ids)}")
+    layers, heads = (None if chosen is None else check_indices(chosen, name, limit) for chosen, name, limit in
+                     ((layers, "layers", model.config.n_layer), (heads, "heads", model.config.n_head)))
     try:
         with np.errstate(over="ignore", invalid="ignore"):
-            found = inspection.inspect(model, ids)
+            found = inspection.inspect(model, ids, layers, heads)
             check_finite(found.logits)
             return found
+    except NumericalError as e:
+        raise overflow(model, e, ids) from None
+
+
+def check_indices(values, name: str, limit: int) -> list[int]:
+    """A list of distinct integers in 0 .. limit - 1 (layers, heads), or InputError about `name`."""
+    if not isinstance(values, (list, tuple)):
+        raise InputError(f"{{{name}}} must be a list of integers in 0..{limit - 1}, got {{value}}", name,
+                         value=shown(values))
+    checked = [check_int(v, name, 0, limit - 1) for v in values]
+    if len(set(checked)) != len(checked):
+        raise InputError(f"{{{name}}} names one twice: {{value}}", name, value=shown(values))
+    return checked
+
+
+def head_attention(model: Model, ids, layer: int, head: int) -> np.ndarray:
+    """float32 [T, T]: inspect(model, ids).attention[layer, head] for 1 to INSPECT_TOKENS checked
+    token ids (within n_positions), computed at the cost of that one head (inspection.attention):
+    what the server's /inspect answers."""
+    ids = check_ids(ids, check_model(model).config.vocab_size).tolist()
+    most = min(model.config.n_positions, INSPECT_TOKENS)
+    if not 1 <= len(ids) <= most:
+        raise ContextLengthError(f"the attention of 1 to {most} token ids can be looked at, got {len(ids)}")
+    layer = check_int(layer, "layer", 0, model.config.n_layer - 1)
+    head = check_int(head, "head", 0, model.config.n_head - 1)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            weights = inspection.attention(model, ids, layer, head)
+            check_finite(weights)
+            return weights
     except NumericalError as e:
         raise overflow(model, e, ids) from None

@@ -23,11 +23,11 @@ from typing import Iterator
 from ..loading.options import OPTIONS, from_json
 from ..loading.requests import make_request
 from ..loading.structured import CONSTRAINTS
-from ..errors import ContextLengthError, InputError, MinigptError, check_int
+from ..errors import ContextLengthError, InputError, MinigptError, check_int, unique_keys
 from ..loading.model import Model
 from ..loop.sampling import MAX_TOP_LOGPROBS
 from ..loop.sequence import GenerationResult, Request, StreamedToken
-from ..loading.tokenizer import encode, token_text
+from ..loading.tokenizer import encode, no_tokenizer, token_text
 
 DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}  # OpenAI's, where they are not the library's
 MAX_N = 128  # OpenAI's bound on `n`
@@ -119,15 +119,6 @@ def parse_json(body: bytes) -> dict:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise APIError("the body holds a lone surrogate (an escape such as \\ud800 that is no Unicode text)") from None
-    return value
-
-
-def unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object's pairs as a dict; a key given twice is refused."""
-    value = dict(pairs)
-    if len(value) < len(pairs):
-        key = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
-        raise ValueError(f"the key {json.dumps(key)} appears twice in one object")
     return value
 
 
@@ -297,8 +288,7 @@ def encode_text(model: Model, text: str) -> list[int]:
     """A text's ids (minigpt.encode: "<|endoftext|>" in it is the special token, as OpenAI's and vLLM's
     GPT-2 tokenize it)."""
     if model.tokenizer is None:
-        raise APIError(f"this model's vocabulary has {model.config.vocab_size} tokens, not GPT-2's, so it has no "
-                       "tokenizer for text: send token ids", "prompt")
+        raise APIError(f"{no_tokenizer(model.config.vocab_size)}: send token ids", "prompt")
     return encode(model.tokenizer, text)
 
 

@@ -5,12 +5,16 @@ arrive on another, each whenever its client sends it. So one thread owns the Eng
 handed to it as Tickets through a deque (from any thread), it submits them, cancels those whose
 client left, runs `step()` in a loop (continuous batching over everything in flight) and after each
 step hands every choice that progressed an Update through its ticket's callback: its newly released
-tokens, or its result. An error inside a step fails that step's choices and is logged; the loop
-goes on. The HTTP side that feeds it is minigpt.scripted.serve (docs/serving.md).
+tokens, or its result. A choice whose weights overflow or whose processing gives up fails alone;
+an error of the step itself fails that step's choices and is logged; the loop goes on. The HTTP
+side that feeds it is minigpt.scripted.serve (docs/serving.md), which prepares each request off its
+event loop first (`Preparation`: a thread each, given up when the server stops).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -21,15 +25,16 @@ from typing import Callable
 import numpy as np
 
 from .api import Engine
-from .completions import APIError, library_error
+from .completions import FINISH_REASONS, APIError, library_error
 from .metrics import Metrics
+from ..engine.engine import failure
 from ..engine.scheduler import Job
 from ..errors import NumericalError
-from ..loading.model import overflow
 from ..loop.sequence import GenerationResult, Request, StreamedToken
 
 log = logging.getLogger("minigpt.scripted.engine_thread")
 IDLE_POLL_SECONDS = 0.5  # an idle engine thread wakes this often to see whether it should stop
+PREPARING = 40  # requests prepared at once (each on a thread), as many as Starlette's worker threads
 
 
 @dataclass
@@ -58,6 +63,7 @@ class Ticket:
     started: bool = False
     arrived: float = 0.0  # time.monotonic() when the engine thread took it
     counted: int = 0  # tokens already counted in the metrics
+    prefill_counted: bool = False  # its prompt counted in the metrics
     last: float = 0.0  # when the last of them was
 
 
@@ -121,24 +127,20 @@ class EngineThread:
         fails the choices of the step (500) and cancels them; the engine goes on."""
         finished: list[Job] = []
         try:
-            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is the NumericalError below
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is its choice's NumericalError
                 finished, _ = self.engine.step()
             self.metrics.stepped()
             self.updates(finished)
         except Exception as e:  # a fault of minigpt's, never of the request: logged, and the loop goes on
-            if isinstance(e, NumericalError) and e.sequence is not None:  # the weights overflow on its ids
-                log.warning("choice %s: the activations stopped being finite", e.sequence.index)
-                message = APIError(f"choice {e.sequence.index}: {overflow(self.engine.gpt, e, [])}", None,
-                                   "numerical_error", 500, "server_error")
-            else:
-                log.exception("an engine step failed; its requests are answered with a 500")
-                message = APIError(f"internal error in the engine step: {type(e).__name__}: {e}", None,
-                                   "internal_error", 500, "server_error")
+            log.exception("an engine step failed; its requests are answered with a 500")
+            message = APIError(f"internal error in the engine step: {type(e).__name__}: {e}", None,
+                               "internal_error", 500, "server_error")
             self.finish([job for job in self.tickets if job.finished])  # ended before the fault: answered
             ran = self.engine.in_batch() or self.engine.queued()  # those it ran, or tried to admit
             for job in [*finished, *ran]:
                 if job in self.tickets:
                     self.engine.cancel(job)
+                    self.metrics.ended("error")
                     self.tickets.pop(job).deliver(Update(job.index, [], final=True, error=message))
 
     def finish(self, finished: list[Job]) -> None:
@@ -149,13 +151,23 @@ class EngineThread:
                 continue
             self.count(job, ticket)
             result = job.result()
-            if job.error is not None:  # its own processing gave up mid-way: this choice alone fails
-                ticket.deliver(Update(job.index, [], final=True, error=library_error(job.error, 1)))
+            self.metrics.ended("error" if job.error is not None else FINISH_REASONS.get(result.finish_reason, "abort"))
+            if job.error is not None:  # its weights overflowed or its processing gave up: this choice alone fails
+                ticket.deliver(Update(job.index, [], final=True, error=self.failed(job)))
             elif result.finish_reason != "abort":
                 ticket.deliver(Update(job.index, job.seq.streamed(ticket.sent), result, final=True))
             else:  # nobody reads a client's that left; a shutdown's is answered
                 ticket.deliver(Update(job.index, [], final=True, error=self.aborted or APIError(
                     "cancelled: the client left", None, "cancelled", 499)))
+
+    def failed(self, job: Job) -> APIError:
+        """The answer of a choice that could not go on: an overflow of the weights on its ids is a 500
+        naming the layer where it began, a processing that gave up a 400 (library_error)."""
+        error = failure(self.engine.gpt, job)
+        if not isinstance(error, NumericalError):
+            return library_error(error, 1)
+        log.warning("choice %s: the activations stopped being finite", job.index)
+        return APIError(f"choice {job.index}: {error.message()}", None, "numerical_error", 500, "server_error")
 
     def updates(self, finished: list[Job]) -> None:
         """Every finished choice its last Update; every running one that released tokens (or was just
@@ -174,12 +186,63 @@ class EngineThread:
                 ticket.deliver(Update(job.index, records, job.result() if first else None))
 
     def count(self, job: Job, ticket: Ticket) -> None:
-        """The metrics of the tokens a choice made since it was last counted."""
+        """The metrics of a choice's prompt once it is computed, and of the tokens it made since it
+        was last counted."""
         made = len(job.seq.tokens) - ticket.counted
+        if not ticket.prefill_counted and (job.prefilled or made > 0):
+            self.metrics.prefilled(len(job.seq.request.prompt), job.cached_tokens)
+            ticket.prefill_counted = True
         if made <= 0:
             return
         now = time.monotonic()
         if not ticket.counted:
-            self.metrics.first_tokens(len(job.seq.request.prompt), job.cached_tokens, ticket.arrived)
+            self.metrics.first_token(ticket.arrived)
         self.metrics.tokens(made, now - ticket.last if ticket.counted else 0.0)
         ticket.counted, ticket.last = len(job.seq.tokens), now
+
+
+def shutting_down() -> APIError:
+    return APIError("the server is shutting down", None, "shutting_down", 503, "server_error")
+
+
+class Preparation:
+    """What the HTTP side does before a request reaches the engine thread (a body checked, a
+    constraint compiled, /inspect's forward), off the event loop: each on a daemon thread of its
+    own, at most PREPARING at once. Once the server stops (`stop`) a preparation not done is answered
+    503; its thread goes on to the end of its work (bounded by the limits), unread, and the process
+    exits without waiting for it."""
+
+    def __init__(self):
+        self.stopped = asyncio.Event()
+        self.slots = asyncio.Semaphore(PREPARING)
+
+    def stop(self) -> None:
+        """Answer every preparation not done, and any begun later, 503 (on the event loop)."""
+        self.stopped.set()
+
+    async def run(self, work: Callable, *args):
+        """work(*args) on a thread of its own; its result, or its exception raised here."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def run() -> None:
+            try:
+                outcome = (work(*args), None)
+            except Exception as e:  # raised again on the event loop
+                outcome = (None, e)
+            with contextlib.suppress(RuntimeError):  # the loop closed first: nobody is waiting
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+
+        async with self.slots:
+            threading.Thread(target=run, name="minigpt-prepare", daemon=True).start()
+            stop = asyncio.ensure_future(self.stopped.wait())
+            try:
+                await asyncio.wait([done, stop], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+            if not done.done():
+                raise shutting_down()
+        result, error = done.result()
+        if error is not None:
+            raise error
+        return result

@@ -3,8 +3,8 @@ uses) and vLLM's metric names under a `minigpt:` prefix, each labelled with the 
 
 Gauges are read from the Engine when scraped (requests running and waiting, the page pool); counters
 and histograms are fed by the engine thread as choices progress: prompt and generated tokens, the
-prefix cache's queries and hits (in tokens, as vLLM counts them), preemptions, the time to a choice's
-first token and the time between its tokens (docs/serving.md lists them).
+prefix cache's queries and hits (in tokens, as vLLM counts them), preemptions, choices finished by
+reason, the time to a choice's first token and the time between its tokens (docs/serving.md lists them).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class Metrics:
 
     def __init__(self, engine: Engine, served_name: str):
         self.registry = registry = CollectorRegistry()
-        self.engine, label = engine, {"model_name": served_name}
+        self.engine, self.label, label = engine, served_name, {"model_name": served_name}
 
         def gauge(name: str, doc: str, read, states: tuple[str, ...] = ()) -> None:
             """A gauge read when scraped: read() alone, or read(state) for each of its states."""
@@ -57,16 +57,23 @@ class Metrics:
         self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.preemptions = counter("num_preemptions", "Sequences preempted (their pages given back, recomputed later).")
+        self.finished = Counter("minigpt:request_success", "Choices finished, by reason: stop (end of text or a "
+                                "stop string), length, abort (cancelled: the client left, or the server stopped), "
+                                "error.", [*label, "finished_reason"], registry=registry)
         self.ttft = histogram("time_to_first_token_seconds", "From a choice's arrival at the engine thread to its "
                               "first token.", TTFT_BUCKETS)
         self.itl = histogram("inter_token_latency_seconds", "Between consecutive tokens of a choice.", ITL_BUCKETS)
         self.seen_preemptions = 0
 
-    def first_tokens(self, prompt_tokens: int, cached_tokens: int, arrived: float) -> None:
-        """A choice was prefilled and made its first token (the engine thread)."""
+    def prefilled(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A choice's prompt was computed (and scored, if asked), whether or not it then made a token
+        (an echo with max_tokens 0 makes none) (the engine thread)."""
         self.prompt_tokens.inc(prompt_tokens)
         self.prefix_queries.inc(prompt_tokens)
         self.prefix_hits.inc(cached_tokens)
+
+    def first_token(self, arrived: float) -> None:
+        """A choice made its first token (the engine thread)."""
         self.ttft.observe(time.monotonic() - arrived)
 
     def tokens(self, n: int, since: float) -> None:
@@ -74,6 +81,10 @@ class Metrics:
         self.generation_tokens.inc(n)
         if since:
             self.itl.observe(since)
+
+    def ended(self, reason: str) -> None:
+        """A choice ended (the engine thread): a finish reason of the API's, "abort" or "error"."""
+        self.finished.labels(model_name=self.label, finished_reason=reason).inc()
 
     def stepped(self) -> None:
         """After an engine step: preemptions counted from the engine's own count."""

@@ -18,7 +18,6 @@ import logging
 import socket
 import sys
 import uuid
-from typing import Callable
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -33,12 +32,12 @@ from ..loading.checks import check_ids
 from .completions import (APIError, ChoiceStream, Completion, check_completion, check_model_name, choice_json,
                           encode_text, envelope, library_error, parse_json, usage_json)
 from . import page
-from .engine_thread import EngineThread, Ticket, Update
+from .engine_thread import EngineThread, Preparation, Ticket, Update, shutting_down
 from .metrics import Metrics
 from ..errors import InputError, MinigptError
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult
-from ..loading.tokenizer import token_text
+from ..loading.tokenizer import no_tokenizer, token_text
 
 log = logging.getLogger("minigpt.scripted.serve")
 MAX_BODY_BYTES = 8 * 2**20  # a body beyond this is refused (413) before it is read in full
@@ -61,12 +60,18 @@ class Service:
         self.capacity = engine.max_batch_size + max_queue  # choices in flight: the running and the waiting
         self.in_flight = 0
         self.draining = False  # shutting down: new completions are refused (503)
+        self.preparation = Preparation()
 
     def shutting_down(self) -> None:
-        """Refuse new completions; after SHUTDOWN_GRACE_SECONDS end those still running with a 503 (a
-        whole answer) or an error event and [DONE] (a stream), so that every client hears why."""
+        """Refuse new completions; after SHUTDOWN_GRACE_SECONDS end those still running, or still
+        being prepared, with a 503 (a whole answer) or an error event and [DONE] (a stream), so that
+        every client hears why."""
         self.draining = True
-        asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_SECONDS, self.engine_thread.abort, shutting_down())
+        asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_SECONDS, self.stop_now)
+
+    def stop_now(self) -> None:
+        self.preparation.stop()
+        self.engine_thread.abort(shutting_down())
 
     def app(self) -> Starlette:
         routes = [Route("/health", self.health), Route("/v1/models", self.models),
@@ -155,7 +160,7 @@ class Service:
 
     def tokenizer(self):
         if self.model.tokenizer is None:
-            raise APIError("this model's vocabulary is not GPT-2's: it has no tokenizer", None, "no_tokenizer")
+            raise APIError(no_tokenizer(self.model.config.vocab_size), None, "no_tokenizer")
         return self.model.tokenizer
 
     async def checked(self, request: HTTPRequest, answer) -> Response:
@@ -171,7 +176,7 @@ class Service:
         try:
             if self.draining:
                 raise shutting_down()
-            completion = await run_in_threadpool(self.prepare, await read_body(request))  # encoding takes time
+            completion = await self.preparation.run(self.prepare, await read_body(request))  # encoding takes time
             choices = len(completion.requests) * completion.best_of
             if choices > self.capacity - self.in_flight:
                 raise APIError(f"the server is busy: {choices} candidates asked for, room for "
@@ -305,10 +310,6 @@ async def read_body(request: HTTPRequest) -> bytes:
     except TimeoutError:
         raise APIError(f"the body did not arrive within {BODY_SECONDS} s", None, "request_timeout", 408) from None
     return bytes(body)
-
-
-def shutting_down() -> APIError:
-    return APIError("the server is shutting down", None, "shutting_down", 503, "server_error")
 
 
 def too_large() -> APIError:

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from typing import Callable, TypeVar
 
 import numpy as np
 
@@ -33,6 +34,7 @@ N_REQUESTS, NEW_TOKENS, SEED = 64, 32, 0
 PROMPT_RANGE = (16, 256)
 CONCURRENCY = (1, 4, 16, 32)
 MAX_BATCH = 16
+T, R = TypeVar("T"), TypeVar("R")
 
 
 def requests(config, n: int, new_tokens: int) -> list[list[int]]:
@@ -54,9 +56,10 @@ def one_at_a_time(model: Model, prompts: list[list[int]], new_tokens: int) -> di
             "ttft": [r.step_seconds[0] for r in results], "tbt": [s for r in results for s in r.step_seconds[1:]]}
 
 
-def start_server(model_name: str, kernels: str) -> tuple[subprocess.Popen, int]:
+def start_server(model_name: str, kernels: str, *options: str) -> tuple[subprocess.Popen, int]:
+    """`python -m minigpt serve` with these options on a free port of 127.0.0.1: (process, port) once it listens."""
     process = subprocess.Popen([sys.executable, "-m", "minigpt", "serve", "--model", model_name, "--kernels", kernels,
-                                "--port", "0", "--max-batch-size", str(MAX_BATCH)], stderr=subprocess.PIPE, text=True)
+                                "--port", "0", *options], stderr=subprocess.PIPE, text=True)
     line = process.stderr.readline()
     if " listening on http://127.0.0.1:" not in line:
         process.kill()
@@ -79,18 +82,19 @@ def stream_one(port: int, prompt: list[int], new_tokens: int) -> tuple[str, list
     return "".join(text), times
 
 
-def served(port: int, prompts: list[list[int]], new_tokens: int, clients: int) -> dict:
-    """The prompts through the server from `clients` threads taking them in turn."""
-    texts, chunks, lock, next_index = [None] * len(prompts), [None] * len(prompts), threading.Lock(), [0]
+def in_turn(items: list[T], clients: int, work: Callable[[T], R]) -> tuple[list[R], float]:
+    """work(item) for every item from `clients` threads, each taking the next item in turn: the
+    results in the items' order, and the wall time of all."""
+    results, lock, next_index = [None] * len(items), threading.Lock(), [0]
 
     def client() -> None:
         while True:
             with lock:
                 i = next_index[0]
                 next_index[0] += 1
-            if i >= len(prompts):
+            if i >= len(items):
                 return
-            texts[i], chunks[i] = stream_one(port, prompts[i], new_tokens)
+            results[i] = work(items[i])
 
     def go() -> None:
         threads = [threading.Thread(target=client) for _ in range(clients)]
@@ -100,6 +104,13 @@ def served(port: int, prompts: list[list[int]], new_tokens: int, clients: int) -
             t.join()
 
     _, seconds = timed(go)
+    return results, seconds
+
+
+def served(port: int, prompts: list[list[int]], new_tokens: int, clients: int) -> dict:
+    """The prompts through the server from `clients` threads taking them in turn."""
+    answers, seconds = in_turn(prompts, clients, lambda prompt: stream_one(port, prompt, new_tokens))
+    texts, chunks = [a[0] for a in answers], [a[1] for a in answers]
     return {"texts": texts, "seconds": seconds, "ttft": [c[1] - c[0] for c in chunks],
             "tbt": [b - a for c in chunks for a, b in zip(c[1:], c[2:])]}
 
@@ -114,7 +125,7 @@ def measure(model_name: str, models: dict[str, Model], n_requests: int, new_toke
         log(f"serve: {kernels}, {n_requests} requests one at a time ...")
         alone = one_at_a_time(model, prompts, new_tokens)
         rows.append({"kernels": kernels, "way": "one at a time (`generate`, no HTTP)", **alone, "same": None})
-        process, port = start_server(model_name, kernels)
+        process, port = start_server(model_name, kernels, "--max-batch-size", str(MAX_BATCH))
         try:
             for clients in concurrency:
                 log(f"serve: {kernels}, {clients} concurrent clients ...")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import chunkings, models, token_ids
+from minigpt.testing.strategies import chunkings, models, token_ids
 
 from minigpt.exact.kernels import EXACT, FAST
 from minigpt.exact.tracing import traced_forward

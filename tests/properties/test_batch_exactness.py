@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import batches, per_prompt
+from minigpt.testing.strategies import batches, per_prompt
 
 from minigpt.engine.engine import Engine
 from minigpt.scripted.api import generate_batch

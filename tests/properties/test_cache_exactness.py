@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from bits import assert_rows_same_bits, assert_same_bits
-from strategies import chunked_record, chunkings, controls, models, token_ids
+from minigpt.testing import assert_bitwise
+from minigpt.testing.strategies import chunked_record, chunkings, controls, models, token_ids
 
 from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.exact.causal_proof import record_forward
@@ -23,7 +23,8 @@ def test_cache_exactness_chunked_prefill_then_single_token_decode_is_bitwise_the
     ids = data.draw(token_ids(model.config))
     chunks = data.draw(chunkings(len(ids)), label="chunks")
     capacity = data.draw(st.integers(len(ids), model.config.n_positions), label="capacity")
-    assert_rows_same_bits(record_forward(model, ids), chunked_record(model, ids, chunks, capacity), slice(0, len(ids)))
+    assert_bitwise({key: rows[:len(ids)] for key, rows in record_forward(model, ids).items()},
+                   chunked_record(model, ids, chunks, capacity), "recorded forward")
 
 
 sampling = st.one_of(
@@ -61,6 +62,6 @@ def test_forward_cached_in_any_chunks_is_bitwise_part_1_s_forward_and_appending_
     for size in data.draw(chunkings(len(ids)), label="chunks"):
         rows.append(forward_cached(model, ids[start:start + size], cache))
         start += size
-    assert_same_bits(np.concatenate(rows), whole, "chunked forward_cached vs forward")
+    assert_bitwise(np.concatenate(rows), whole, "chunked forward_cached vs forward")
     t = data.draw(st.integers(1, len(ids)), label="t")
-    assert_same_bits(forward(model, ids[:t]), whole[:t], f"forward over the first {t} ids vs its rows")
+    assert_bitwise(forward(model, ids[:t]), whole[:t], f"forward over the first {t} ids vs its rows")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from bits import assert_same_bits
-from strategies import models, token_ids
+from minigpt.testing import assert_bitwise
+from minigpt.testing.strategies import models, token_ids
 
 from minigpt.gpt2.forward import forward
 from minigpt.exact.batched import forward_batch
@@ -36,4 +36,4 @@ def test_paged_batched_forward_gives_every_sequence_bitwise_the_plain_forwards_l
         for i, rows in zip(live, forward_batch(model, chunks, [caches[i] for i in live], [0] * len(live))):
             logits[i].append(rows)
     for ids, rows in zip(sequences, logits):
-        assert_same_bits(forward(model, ids), np.concatenate(rows), f"{len(ids)} ids, pages of {PAGE}")
+        assert_bitwise(forward(model, ids), np.concatenate(rows), f"{len(ids)} ids, pages of {PAGE}")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import batches, per_prompt
+from minigpt.testing.strategies import batches, per_prompt
 
 from minigpt.scripted.api import generate, generate_batch
 from minigpt.loading.options import OPTIONS, integer

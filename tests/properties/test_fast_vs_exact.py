@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import chunked_record, chunkings, models, token_ids
+from minigpt.testing.strategies import chunked_record, chunkings, models, token_ids
 
 from minigpt.exact.causal_proof import record_forward
 from minigpt.exact.kernels import FAST

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import chunkings, models, token_ids
+from minigpt.testing.strategies import chunkings, models, token_ids
 
 from minigpt.scripted.api import generate
 from minigpt.exact.kernels import EXACT, FAST, BatchKernels

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import controls, models, sampling, token_ids
+from minigpt.testing.strategies import controls, models, sampling, token_ids
 
 from minigpt.loop.sampling import token_log_prob
 from minigpt.scripted.api import generate, score

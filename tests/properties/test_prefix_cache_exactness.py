@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import controls, models, per_prompt, sampling, token_ids
+from minigpt.testing.strategies import controls, models, per_prompt, sampling, token_ids
 
 from minigpt.engine.engine import Engine
 from minigpt.scripted.api import score

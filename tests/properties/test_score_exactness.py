@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import models, token_ids
+from minigpt.testing.strategies import models, token_ids
 
 from minigpt.scripted.api import generate
 from minigpt.scripted.api import score

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import controls, models, token_ids
+from minigpt.testing.strategies import controls, models, token_ids
 
 from minigpt.scripted.api import generate
 from minigpt.loading.model import Model

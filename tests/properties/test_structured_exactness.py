@@ -10,22 +10,16 @@ GPT-2's): their choices are arbitrary, which is what a property wants.
 
 from __future__ import annotations
 
-import json
-import re
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import SCALES, controls, sampling, zero_params
+from minigpt.testing.strategies import CONSTRAINTS, controls, gpt2_vocab_models, sampling
 
 from minigpt.engine.paging import PAGE, pages_for
 from minigpt.engine.drafters import ModelDrafter, NGramDrafter
 from minigpt.engine.speculative import speculative_steps
-from minigpt.exact.kernels import EXACT
-from minigpt.gpt2.config import GPT2Config
 from minigpt.loading.model import Model
-from minigpt.loading.tokenizer import GPT2_VOCAB_SIZE, gpt2_tokenizer
-from minigpt.loading.weights import random_params
+from minigpt.gpt2.config import GPT2_VOCAB_SIZE
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
 from minigpt.engine.engine import Engine
@@ -33,31 +27,7 @@ from minigpt.loading.requests import make_request
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 
-TOKENIZER = gpt2_tokenizer()
 EOS = GPT2_VOCAB_SIZE - 1
-SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
-                                          "ok": {"type": "boolean"}}, "required": ["n", "ok"], "additionalProperties": False}
-CONSTRAINTS = [  # (keyword, value, a check of a text that matched whole)
-    ("regex", "[0-9]{1,4}( [a-z]+)?", lambda text: re.fullmatch("[0-9]{1,4}( [a-z]+)?", text)),
-    ("regex", "(ab|cd)+", lambda text: re.fullmatch("(ab|cd)+", text)),
-    ("regex", "-?[0-9]{1,3}", lambda text: re.fullmatch("-?[0-9]{1,3}", text)),
-    ("choice", ["yes", "no", "not sure"], lambda text: text in ("yes", "no", "not sure")),
-    ("json_schema", SCHEMA, lambda text: text == json.dumps(json.loads(text)) and set(json.loads(text)) == {"n", "ok"}),
-    ("grammar", 'start: "(" item ("," item)* ")"\nitem: /[a-c]+/ | start', lambda text: text.startswith("(")),
-    ("grammar", 'start: ("a" | "b") start', lambda text: False),  # never matched whole: always "length"
-    (None, None, lambda text: True),  # unconstrained, beside the others
-]
-
-
-@st.composite
-def gpt2_vocab_models(draw) -> Model:
-    """A random GPT-2 of 1-2 layers and 1-16 embedding dimensions with GPT-2's 50,257 tokens and its tokenizer."""
-    n_head, head_dim = draw(st.integers(1, 2)), draw(st.integers(1, 8))
-    config = GPT2Config(vocab_size=GPT2_VOCAB_SIZE, n_positions=draw(st.integers(8, 48)), n_embd=n_head * head_dim,
-                        n_layer=draw(st.integers(1, 2)), n_head=n_head, eos_token_id=EOS)
-    scale = draw(st.sampled_from(SCALES))
-    params = zero_params(config) if scale == 0 else random_params(config, draw(st.integers(0, 2**32 - 1)), scale)
-    return Model(config, params, EXACT, tokenizer_loader=lambda: TOKENIZER)
 
 
 @st.composite
@@ -67,7 +37,7 @@ def constrained_requests(draw, model: Model) -> dict:
     constraint."""
     size = draw(st.integers(1, model.config.n_positions - 7), label="prompt length")  # room for 8 new tokens
     prompt = draw(st.lists(st.integers(0, EOS), min_size=size, max_size=size), label="prompt")
-    keyword, value, _ = draw(st.sampled_from(CONSTRAINTS), label="constraint")
+    keyword, value, _ = draw(st.sampled_from([*CONSTRAINTS, (None, None, None)]), label="constraint")
     max_new_tokens = draw(st.integers(0, model.config.n_positions - size + 1), label="max_new_tokens")
     return dict(prompt_ids=prompt, max_new_tokens=max_new_tokens, stop_at_eos=draw(st.booleans(), label="stop_at_eos"),
                 **draw(sampling, label="sampling"), **draw(controls(GPT2_VOCAB_SIZE, max_new_tokens)),

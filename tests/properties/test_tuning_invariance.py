@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-from bits import assert_same_bits
-from strategies import models, token_ids
+from minigpt.testing import assert_bitwise
+from minigpt.testing.strategies import models, token_ids
 
 from minigpt.gpt2.forward import forward
 from minigpt.exact.linear import exact_linear
@@ -31,7 +31,7 @@ def test_tuning_invariance_exact_linear_is_bitwise_the_same_under_any_two_tuning
         ya = exact_linear(x, w, None)
     with tuned(b):
         yb = exact_linear(x, w, None)
-    assert_same_bits(ya, yb, f"{a} vs {b}")
+    assert_bitwise(ya, yb, f"{a} vs {b}")
 
 
 @given(st.data(), tunings, tunings)
@@ -42,4 +42,4 @@ def test_tuning_invariance_a_forward_is_bitwise_the_same_under_any_two_tunings(d
         la = forward(model, ids)
     with tuned(b):
         lb = forward(model, ids)
-    assert_same_bits(la, lb, f"{a} vs {b}")
+    assert_bitwise(la, lb, f"{a} vs {b}")

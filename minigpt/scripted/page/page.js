@@ -3,7 +3,8 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { ids: [], texts: [], model: null, selected: null, names: new Map() };
+const state = { ids: [], texts: [], model: null, selected: null, names: new Map(), running: false };
+const END_OF_TEXT = 50256;  // GPT-2's <|endoftext|>: what the model is fed for an empty prompt (echo shows nothing)
 
 async function post(path, body) {
   const response = await fetch(path, { method: "POST", headers: { "Content-Type": "application/json" },
@@ -27,14 +28,14 @@ function probability(logprob) {  // as the page shows it: small ones in exponent
   return p >= 0.001 ? p.toFixed(3) : p.toExponential(1);
 }
 
-function addToken(id, text, logprob, top) {
+function addToken(id, text, logprob, top, prompt) {
   const span = document.createElement("span");
-  span.className = "token " + (logprob === null ? "prompt" : "generated");
+  span.className = "token " + (prompt ? "prompt" : "generated");
   span.textContent = text;
   span.tabIndex = 0;
   span.dataset.tokenId = String(id);
   span.dataset.position = String(state.ids.length);
-  if (logprob !== null) {
+  if (!prompt) {
     span.dataset.logprob = String(logprob);
     span.style.background = colour(Math.exp(logprob));
     span.title = `p = ${probability(logprob)}`;
@@ -74,7 +75,8 @@ async function showAttention(span) {
     const answer = await post("/inspect", { tokens: state.ids.slice(0, position + 1), layer: Number($("layer").value),
                                             head: Number($("head").value) });
     const row = answer.attention[position];
-    document.querySelectorAll("#output .token").forEach((s, i) => {
+    document.querySelectorAll("#output .token").forEach((s) => {
+      const i = Number(s.dataset.position);
       s.style.boxShadow = i <= position ? `inset 0 -0.35em rgba(11, 95, 255, ${Math.sqrt(row[i]).toFixed(3)})` : "";
     });
     $("status").textContent = `attention of position ${position}, layer ${answer.layer}, head ${answer.head}`;
@@ -94,6 +96,8 @@ function options() {
 }
 
 async function generate() {
+  if (state.running) return;  // one generation at a time, whatever asks for another (the button, Ctrl+Enter)
+  state.running = true;
   const button = $("generate");
   button.disabled = true;
   $("output").replaceChildren();
@@ -101,14 +105,15 @@ async function generate() {
   $("attention-controls").hidden = true;
   state.ids = []; state.texts = [];
   try {
-    const body = options();
-    const prompt = await post("/tokenize", { prompt: $("prompt").value, return_token_strs: true });
-    prompt.tokens.forEach((id, i) => addToken(id, prompt.token_strs[i], null, null));
+    // The prompt goes as typed, as the API takes it ("" included), and comes back echoed: its tokens
+    // with their spans of the text (text_offset), so it shows exactly as typed.
+    const prompt = $("prompt").value;
+    if (prompt === "") state.ids.push(END_OF_TEXT);  // fed, not shown: /inspect sees what the model saw
     $("status").textContent = "generating";
     const response = await fetch("/v1/completions", { method: "POST", headers: { "Content-Type": "application/json" },
-                                                       body: JSON.stringify({ ...body, prompt: prompt.tokens }) });
+                                                       body: JSON.stringify({ ...options(), prompt, echo: true }) });
     if (!response.ok) throw new Error((await response.json()).error.message);
-    let text = [], made = 0, finish = null, buffer = "";
+    let text = [], made = 0, finish = null, buffer = "", echoed = false;
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     for (;;) {
       const { value, done } = await reader.read();
@@ -125,10 +130,13 @@ async function generate() {
         const before = text.length;
         text = text.concat(Array.from(choice.text));  // characters, as text_offset counts them
         const lp = choice.logprobs;
+        const prompt = !echoed;  // the first event is the echoed prompt
+        echoed = true;
         lp.tokens.forEach((token, i) => {
           const start = lp.text_offset[i], stop = i + 1 < lp.tokens.length ? lp.text_offset[i + 1] : text.length;
-          addToken(idOf(token), text.slice(Math.max(start, before), stop).join(""), lp.token_logprobs[i], lp.top_logprobs[i]);
-          made += 1;
+          addToken(idOf(token), text.slice(Math.max(start, before), stop).join(""), lp.token_logprobs[i],
+                   lp.top_logprobs[i], prompt);
+          made += prompt ? 0 : 1;
         });
         finish = choice.finish_reason || finish;
       }
@@ -138,6 +146,7 @@ async function generate() {
     $("status").textContent = `error: ${error.message}`;
   } finally {
     button.disabled = false;
+    state.running = false;
   }
 }
 
