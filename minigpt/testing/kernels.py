@@ -75,10 +75,11 @@ def check_kernels(kernels: Kernels, max_examples: int = 50) -> None:
 
     @run
     @given(rows=st.integers(2, 64), n_in=st.integers(1, 300), n_out=st.integers(1, 300), row=st.integers(0, 63),
-           seed=st.integers(0, 2**32 - 1), bias=st.booleans())
-    def linear_row_alone_or_with_others(rows, n_in, n_out, row, seed, bias):
+           seed=st.integers(0, 2**32 - 1), bias=st.booleans(), head=st.booleans())
+    def linear_row_alone_or_with_others(rows, n_in, n_out, row, seed, bias, head):
         row %= rows
-        x, w, b = _arrays(seed, 1.0, (rows, n_in), (n_in, n_out), (n_out,))
+        x, w, b = _arrays(seed, 1.0, (rows, n_in), (n_out, n_in) if head else (n_in, n_out), (n_out,))
+        w = w.T if head else w  # the tied head's wte.T, or a checkpoint's [n_in, n_out]
         many = kernels.linear(x, w, b if bias else None)  # [rows, n_out]
         alone = kernels.linear(x[row:row + 1], w, b if bias else None)  # [1, n_out]
         assert_bitwise(many[row:row + 1], alone, f"{kernels.name}.linear's row {row} of {rows} vs alone")
