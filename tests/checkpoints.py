@@ -92,7 +92,7 @@ def short_data(directory):
 
 
 def edit_tensors(directory: Path, edit) -> None:
-    tensors = read_safetensors(weights(directory))
+    tensors = {name: np.array(value) for name, value in read_safetensors(weights(directory)).items()}  # writeable
     edit(tensors)
     write_safetensors(weights(directory), tensors)
 

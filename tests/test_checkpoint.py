@@ -109,3 +109,55 @@ def test_transformers_loads_what_we_save(tmp_path, layout):
     state = hf_tensors(type(model).from_pretrained(tmp_path))
     assert_params_equal(PARAMS, {name: state[name] for name in expected_shapes(CONFIG)})
     np.testing.assert_array_equal(state["lm_head.weight"], PARAMS.wte)
+
+
+def mapped_files() -> set[str]:
+    """The files this process has mapped (/proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+        return {line.split(maxsplit=5)[5].strip() for line in f if len(line.split(maxsplit=5)) == 6}
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_float32_weights_are_every_shard_mapped_read_only_not_copied(tmp_path, shards):
+    save_checkpoint(tmp_path, CONFIG, PARAMS, shards=shards)
+    _, params = load_checkpoint(tmp_path)
+    files = sorted(str(p.resolve()) for p in tmp_path.glob("*.safetensors"))
+    assert len(files) == shards and set(files) <= mapped_files()
+    for name, value in params_to_tensors(params).items():
+        assert not value.flags.owndata and not value.flags.writeable, name
+        with pytest.raises(ValueError, match="read-only"):  # nothing is written through the map
+            value.reshape(-1)[:1] = 0
+
+
+def test_logits_are_bitwise_the_same_from_the_map_and_from_a_copy_in_memory(tmp_path):
+    from minigpt.exact.kernels import EXACT
+    from minigpt.gpt2.forward import GPT2, forward
+    from minigpt.loading.weights import params_from_tensors
+    save_checkpoint(tmp_path, CONFIG, PARAMS)
+    config, mapped = load_checkpoint(tmp_path)
+    copied = params_from_tensors(config, {name: np.array(v) for name, v in params_to_tensors(mapped).items()})
+    ids = np.arange(CONFIG.n_positions) % CONFIG.vocab_size
+    a, b = forward(GPT2(config, mapped, EXACT), ids), forward(GPT2(config, copied, EXACT), ids)
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_a_checkpoint_renamed_over_while_mapped_leaves_the_process_on_the_old_bytes(tmp_path):
+    save_checkpoint(tmp_path, CONFIG, PARAMS)
+    _, old = load_checkpoint(tmp_path)
+    new = random_params(CONFIG, seed=4)
+    save_checkpoint(tmp_path, CONFIG, new)  # a new file renamed into place, as huggingface_hub writes
+    assert_params_equal(old, params_to_tensors(PARAMS))
+    assert_params_equal(load_checkpoint(tmp_path)[1], params_to_tensors(new))
+
+
+def test_a_mapped_file_truncated_under_the_process_kills_it_with_sigbus_on_the_lost_pages(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    save_checkpoint(tmp_path, CONFIG, PARAMS)
+    script = ("import os, sys\nfrom minigpt.loading.checkpoint import load_checkpoint\n"
+              "_, params = load_checkpoint(sys.argv[1])\n"
+              "os.truncate(os.path.join(sys.argv[1], 'model.safetensors'), 8)\n"
+              "print(float(params.wte.sum()))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGBUS and not done.stdout, done

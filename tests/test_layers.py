@@ -59,13 +59,47 @@ def test_split_and_merge_heads_are_inverse_and_group_columns_by_head(rng):
 @pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
 @pytest.mark.parametrize("T", [1, 9])
 @pytest.mark.parametrize("n_out", [40, 64, 200, 1000])  # a tail only, whole ALIGN calls, both, several blocks
-def test_linear_matches_float64_reference(kernels, T, n_out, rng):
+@pytest.mark.parametrize("layout", ["stored", "head"])  # [n_in, n_out] as a checkpoint's; wte.T, a view
+def test_linear_matches_float64_reference(kernels, T, n_out, layout, rng):
     x = rng.standard_normal((T, 256), dtype=np.float32)
-    w = rng.standard_normal((n_out, 256), dtype=np.float32)  # [n_out, n_in]
+    w = rng.standard_normal((256, n_out), dtype=np.float32) if layout == "stored" else \
+        rng.standard_normal((n_out, 256), dtype=np.float32).T
     b = rng.standard_normal(n_out, dtype=np.float32)
     y = kernels.linear(x, w, b)
     assert y.dtype == np.float32 and y.shape == (T, n_out)
-    assert rel_err(y, x.astype(np.float64) @ w.T + b) < 1e-6 * 16
+    assert rel_err(y, x.astype(np.float64) @ w + b) < 1e-6 * 16
+
+
+@pytest.mark.parametrize("layout", ["stored", "head"])
+@pytest.mark.parametrize("T", [1, 9])
+def test_exact_linear_reads_the_weights_in_place_without_a_copy(layout, T, rng):
+    import tracemalloc
+    from minigpt.exact.linear import exact_linear
+    x = rng.standard_normal((T, 1024), dtype=np.float32)
+    w = rng.standard_normal((1024, 20000), dtype=np.float32) if layout == "stored" else \
+        rng.standard_normal((20000, 1024), dtype=np.float32).T  # 82 MB either way
+    tracemalloc.start()
+    try:
+        exact_linear(x, w, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < w.nbytes / 10, peak  # the output, its temporaries, a tail: no copy of the weights
+
+
+def test_exact_linear_on_few_inputs_and_many_outputs_is_bitwise_the_same_in_one_block_or_many(rng):
+    """OpenBLAS's SkylakeX gemv "N" runs calls of at most 16,384 outputs on at most 48 inputs through a
+    kernel of its own: a block past that would round its outputs otherwise (docs/exactness.md)."""
+    from minigpt.exact.linear import exact_linear
+    from minigpt.exact.tuning import Tuning, tuned
+    x = rng.standard_normal((2, 40), dtype=np.float32)
+    w = rng.standard_normal((40, 40960), dtype=np.float32)  # 20,480 outputs a thread at 2 threads
+    whole, small = (Tuning(blocks, blocks, blocks, 10**9, 10**9) for blocks in (10**9, 40 * 1024))
+    with tuned(whole):
+        a = exact_linear(x, w, None)
+    with tuned(small):
+        b = exact_linear(x, w, None)
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def reference_attention(q, k, v):

@@ -54,12 +54,12 @@ def together(calls: list[Callable[[], R]]) -> list[R]:
     return [first, *(f.result() for f in futures)]
 
 
-ALIGN = 64  # outputs per gemv call are a multiple of this and of 4 x threads (docs/exactness.md, point 2)
+ALIGN = 64  # outputs per gemv call are a multiple of this and of 16 x threads (docs/exactness.md, point 2)
 
 
 @cache
 def alignment() -> int:
-    """Every gemv call computes a multiple of this many outputs: of ALIGN, and of 4 x the thread
-    count, so that OpenBLAS's split at ceil(n / threads) gives every thread a multiple of four. With
+    """Every gemv call computes a multiple of this many outputs: of ALIGN, and of 16 x the thread
+    count, so that OpenBLAS's split at ceil(n / threads) gives every thread a multiple of sixteen. With
     the thread count, this is what decides bits; the cut below does not."""
-    return math.lcm(ALIGN, 4 * threads())
+    return math.lcm(ALIGN, 16 * threads())

@@ -44,17 +44,17 @@ def measure(n_embd: int = GPT2Config.n_embd, vocab_size: int = GPT2_VOCAB_SIZE) 
     cut, and the best seconds of every candidate (decision -> candidate -> seconds)."""
     rng = np.random.default_rng(0)
     C = n_embd
-    shapes = ((3 * C, C), (C, C), (4 * C, C), (C, 4 * C))
+    shapes = ((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C))  # [n_in, n_out], as a checkpoint stores them
     # as many blocks' matrices as twice L3 holds (at most GPT-2 small's 12): read from memory, as decode reads them
     n_blocks = min(12, -(-2 * (cache_bytes(3) or 32 * MIB) // (48 * C * C)))
     blocks = [rng.standard_normal(shape, dtype=np.float32) for _ in range(n_blocks) for shape in shapes]
-    head = [rng.standard_normal((vocab_size, C), dtype=np.float32)]
+    head = [rng.standard_normal((vocab_size, C), dtype=np.float32).T]  # wte.T, as lm_head passes it
     step = blocks * max(1, round(12 / n_blocks)) + head  # a decode step's weights, in their proportions
     choice = machine_default()
     l2 = (cache_bytes(2) or MIB) // 4  # weights that fill one core's L2
 
     def products(weights, rows: int, linear=exact_linear):
-        x = [rng.standard_normal((rows, w.shape[1]), dtype=np.float32) for w in weights]
+        x = [rng.standard_normal((rows, w.shape[0]), dtype=np.float32) for w in weights]
 
         def run(tuning: Tuning) -> None:
             with tuned(tuning):

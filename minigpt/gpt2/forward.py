@@ -33,7 +33,8 @@ def lm_head(gpt: GPT2, x: np.ndarray, logits_to_keep: int = 0) -> np.ndarray:
     """The final LayerNorm and the tied LM head over the last logits_to_keep rows (0: all): [T, C] ->
     [kept, vocab]. A decode step needs one row, and wte is the largest matrix."""
     x = layer_norm(x[-logits_to_keep:], gpt.params.ln_f, gpt.config.layer_norm_epsilon)  # [kept, C]
-    return gpt.kernels.linear(x, gpt.params.wte, None)  # [kept, C] @ [C, vocab] -> [kept, vocab]
+    # wte.T is a view, no copy: a product with it is one dot product per token over wte's contiguous rows
+    return gpt.kernels.linear(x, gpt.params.wte.T, None)  # [kept, C] @ [C, vocab] -> [kept, vocab]
 
 
 def forward(gpt: GPT2, ids, logits_to_keep: int = 0) -> np.ndarray:

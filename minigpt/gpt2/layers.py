@@ -43,8 +43,8 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 
 def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """x [T, n_in] @ weight.T [n_in, n_out] + bias -> [T, n_out]: one BLAS product for all rows."""
-    y = x @ weight.T
+    """x [T, n_in] @ weight [n_in, n_out] + bias -> [T, n_out]: one BLAS product for all rows."""
+    y = x @ weight
     if bias is not None:
         y += bias
     return y
@@ -77,7 +77,7 @@ class Kernels:
     """The order-sensitive operations a forward calls; another set can replace them."""
 
     name: str
-    linear: Callable  # (x [T, n_in], weight [n_out, n_in], bias [n_out] | None) -> [T, n_out]
+    linear: Callable  # (x [T, n_in], weight [n_in, n_out], bias [n_out] | None) -> [T, n_out]
     attend: Callable  # (q [H, T, hd], k [H, S, hd], v [H, S, hd]) -> [H, T, hd]
 
 

@@ -1,10 +1,9 @@
 """GPT-2's weights as small frozen dataclasses, named exactly as in Hugging Face checkpoints.
 
-`params.h[3].attn.c_attn.weight` is the tensor `h.3.attn.c_attn.weight`, with one difference:
-Hugging Face's Conv1D stores a linear layer's weight [n_in, n_out]; minigpt keeps it [n_out, n_in],
-as torch's nn.Linear does and as the tied LM head `wte` already is, so that each output's weights
-are one contiguous row (what the exact kernels' matrix-vector products read, docs/exactness.md).
-The checkpoint's tensors are transposed once, at load (minigpt.loading.weights).
+`params.h[3].attn.c_attn.weight` is the tensor `h.3.attn.c_attn.weight`, as the checkpoint stores
+it: a linear layer's weight is [n_in, n_out] (Hugging Face's Conv1D), so a layer computes
+`x @ weight + bias`, as picoGPT and Conv1D do; the tied LM head `wte` is [vocab_size, C], one row per
+token. A loaded checkpoint's arrays are its file, mapped read-only (minigpt.loading.safetensors_format).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import numpy as np
 
 @dataclass(frozen=True, eq=False)  # holds arrays: no elementwise ==
 class Linear:
-    weight: np.ndarray  # [n_out, n_in]
+    weight: np.ndarray  # [n_in, n_out]
     bias: np.ndarray  # [n_out]
 
 

@@ -28,7 +28,7 @@ from ..gpt2.config import GPT2Config
 from ..errors import CheckpointError, ConfigError, UnsafeCheckpointError, unique_keys
 from .files import is_file, kind, list_directory
 from ..gpt2.params import GPT2Params
-from .weights import BLOCK_TENSORS, expected_shapes, params_taking
+from .weights import BLOCK_TENSORS, expected_shapes, params_from_tensors
 from .safetensors_format import (
     TensorInfo, read_header, read_safetensors,
 )
@@ -98,7 +98,7 @@ def load_checkpoint(directory: str | os.PathLike) -> tuple[GPT2Config, GPT2Param
     directory = Path(directory)
     files = _weight_files(directory)
     config = _read_config(directory)
-    return config, params_taking(config, _read_weights(config, files))  # the arrays' only reference
+    return config, params_from_tensors(config, _read_weights(config, files))
 
 
 def _weight_files(directory: Path) -> list[Path]:

@@ -6,13 +6,15 @@ offsets in that buffer (plus an optional "__metadata__" of strings). Nothing in 
 which is why minigpt loads only this format. Every header field is checked before a byte of data
 is read, so a damaged or half-downloaded file fails with a message naming the file and the fault
 instead of a NumPy error or a silently wrong model. Tensors come back as float32 whatever the
-stored float type: F32, F16 or BF16 (bfloat16, the top half of a float32, which NumPy lacks).
+stored float type: F32 ones are the file's bytes, mapped read-only; F16 and BF16 (bfloat16, the top
+half of a float32, which NumPy lacks) are decoded once into fresh arrays (docs/loading.md).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import reprlib
 import uuid
@@ -60,13 +62,17 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
 def read_safetensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
     """name -> float32 C-contiguous array for `names` (all tensors if None); reads no other data.
 
-    The arrays are fresh copies that own their memory: nothing keeps the file open or mapped.
+    F32 tensors are views of the file mapped read-only: no byte is copied, the arrays are not
+    writeable, and the page cache holds them once for every process that maps the file. The map
+    lasts while any of them does; a file renamed over this one leaves them on the old bytes. F16
+    and BF16 tensors are decoded into fresh arrays that own their memory.
     """
     path = Path(path)
     with _open(path) as f:
         header = _parse_header(f, path)
-        wanted = header if names is None else names
-        return {name: _read_tensor(f, path, name, header.get(name)) for name in wanted}
+        wanted = {name: _float_tensor(path, name, header.get(name)) for name in (header if names is None else names)}
+        data = _map(f, path) if any(info.nbytes for info in wanted.values()) else b""
+        return {name: _decode(data, path, name, info) for name, info in wanted.items()}
 
 
 def write_safetensors(
@@ -230,21 +236,37 @@ def _is_index_list(value: object) -> bool:
     return isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
 
 
-def _read_tensor(f: BinaryIO, path: Path, name: str, info: TensorInfo | None) -> np.ndarray:
-    """Read one tensor straight into a fresh array and decode it to float32."""
+def _float_tensor(path: Path, name: str, info: TensorInfo | None) -> TensorInfo:
+    """The header entry of tensor `name`, which must be there and be a float type minigpt decodes."""
     if info is None:
         raise CheckpointError(f"{path}: no tensor {name!r}")
     if info.dtype not in STORAGE:
         raise CheckpointError(
             f"{path}: tensor {name!r} has dtype {info.dtype}, expected float32, float16 or bfloat16 (F32, F16, BF16)"
         )
-    raw = np.empty(info.shape, dtype=STORAGE[info.dtype])
-    f.seek(info.offset)
-    if f.readinto(memoryview(raw.reshape(-1)).cast("B")) != info.nbytes:
+    return info
+
+
+def _map(f: BinaryIO, path: Path) -> mmap.mmap:
+    """The whole file mapped read-only (the map holds its own reference to the file, which may close)."""
+    try:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot map: {getattr(e, 'strerror', None) or e}") from e
+
+
+def _decode(data: mmap.mmap | bytes, path: Path, name: str, info: TensorInfo) -> np.ndarray:
+    """One tensor as float32: F32 a read-only view of the map (a copy only if its bytes are not
+    4-aligned in the file, which NumPy and BLAS want), F16 and BF16 decoded into a fresh array."""
+    count = math.prod(info.shape)
+    if count and info.offset + info.nbytes > len(data):  # the file shrank between its header's check and the map
         raise CheckpointError(f"{path}: file is truncated: tensor {name!r} ends past the end of the file")
+    raw = np.frombuffer(data, STORAGE[info.dtype], count, info.offset if count else 0).reshape(info.shape)
     if info.dtype == "BF16":
         return bfloat16_to_float32(raw)
-    return raw.astype(np.float32, copy=False)
+    if info.dtype == "F16" or info.offset % 4:
+        return raw.astype(np.float32)
+    return raw
 
 
 def _encode(x: np.ndarray, dtype: str) -> np.ndarray:

@@ -1,8 +1,8 @@
 """GPT-2's weights by their checkpoint names: the shapes a config implies, the dataclasses of
 minigpt.gpt2.params to and from name -> array, and deterministic random weights.
 
-A checkpoint stores a linear layer's weight [n_in, n_out] (Hugging Face's Conv1D); the dataclasses
-keep it [n_out, n_in] (minigpt.gpt2.params): the one transpose happens here, at load.
+The dataclasses hold the checkpoint's arrays as they are: a linear layer's weight [n_in, n_out]
+(Hugging Face's Conv1D), which minigpt.gpt2.params keeps, so nothing is transposed or copied here.
 """
 
 from __future__ import annotations
@@ -35,17 +35,10 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
 
 
 def params_from_tensors(config: GPT2Config, t: dict[str, np.ndarray]) -> GPT2Params:
-    """Assemble the dataclasses from name -> float32 array (names and shapes as in `expected_shapes`)."""
-    return params_taking(config, dict(t))
-
-
-def params_taking(config: GPT2Config, t: dict[str, np.ndarray]) -> GPT2Params:
-    """params_from_tensors, taking each linear weight out of `t` as it is transposed into a new array:
-    given the only reference to a checkpoint's arrays, the stored weights and their transposes never
-    all coexist, and loading peaks at the weights and one tensor more (docs/loading.md)."""
+    """Assemble the dataclasses from name -> float32 array (names and shapes as in `expected_shapes`),
+    holding the arrays themselves: a mapped checkpoint's stay mapped."""
     def linear(prefix: str) -> Linear:
-        stored = t.pop(f"{prefix}.weight")  # [in, out]
-        return Linear(np.ascontiguousarray(stored.T), t[f"{prefix}.bias"])  # -> [out, in]
+        return Linear(t[f"{prefix}.weight"], t[f"{prefix}.bias"])  # [in, out], as stored
 
     def norm(prefix: str) -> LayerNorm:
         return LayerNorm(t[f"{prefix}.weight"], t[f"{prefix}.bias"])
@@ -71,7 +64,7 @@ def params_to_tensors(params: GPT2Params) -> dict[str, np.ndarray]:
             ("ln_1", b.ln_1), ("attn.c_attn", b.attn.c_attn), ("attn.c_proj", b.attn.c_proj),
             ("ln_2", b.ln_2), ("mlp.c_fc", b.mlp.c_fc), ("mlp.c_proj", b.mlp.c_proj),
         ):
-            t[f"h.{i}.{name}.weight"] = value.weight if isinstance(value, LayerNorm) else value.weight.T
+            t[f"h.{i}.{name}.weight"] = value.weight
             t[f"h.{i}.{name}.bias"] = value.bias
     return t
 

@@ -77,10 +77,11 @@ def check_kernels(kernels: Kernels, max_examples: int = 50) -> None:
 
     @run
     @given(rows=st.integers(2, 64), n_in=st.integers(1, 300), n_out=st.integers(1, 300), row=st.integers(0, 63),
-           seed=st.integers(0, 2**32 - 1), bias=st.booleans())
-    def linear_row_alone_or_with_others(rows, n_in, n_out, row, seed, bias):
+           seed=st.integers(0, 2**32 - 1), bias=st.booleans(), head=st.booleans())
+    def linear_row_alone_or_with_others(rows, n_in, n_out, row, seed, bias, head):
         row %= rows
-        x, w, b = _arrays(seed, 1.0, (rows, n_in), (n_out, n_in), (n_out,))
+        x, w, b = _arrays(seed, 1.0, (rows, n_in), (n_out, n_in) if head else (n_in, n_out), (n_out,))
+        w = w.T if head else w  # the tied head's wte.T, or a checkpoint's [n_in, n_out]
         many = kernels.linear(x, w, b if bias else None)  # [rows, n_out]
         alone = kernels.linear(x[row:row + 1], w, b if bias else None)  # [1, n_out]
         assert_bitwise(many[row:row + 1], alone, f"{kernels.name}.linear's row {row} of {rows} vs alone")
@@ -102,7 +103,7 @@ def check_kernels(kernels: Kernels, max_examples: int = 50) -> None:
     @given(rows=st.integers(1, 4), n_in=st.integers(64, 512), seed=st.integers(0, 2**32 - 1))
     def linear_rows_at_any_thread_count(rows, n_in, seed):
         n_out = -(-2 * OPENBLAS_SPLIT // n_in)  # weights enough for OpenBLAS to split a product between threads
-        x, w = _arrays(seed, 1.0, (rows, n_in), (n_out, n_in))
+        x, w = _arrays(seed, 1.0, (rows, n_in), (n_in, n_out))
         y = kernels.linear(x, w, None)
         with blas_threads(1):
             one = kernels.linear(x, w, None)
@@ -112,7 +113,7 @@ def check_kernels(kernels: Kernels, max_examples: int = 50) -> None:
     @given(a=cuts, b=cuts, rows=st.integers(1, 40), n_in=st.integers(1, 300), n_out=st.integers(1, 700),
            seed=st.integers(0, 2**32 - 1))
     def linear_rows_under_any_cut(a, b, rows, n_in, n_out, seed):
-        x, w = _arrays(seed, 1.0, (rows, n_in), (n_out, n_in))
+        x, w = _arrays(seed, 1.0, (rows, n_in), (n_in, n_out))
         with tuned(a):
             ya = kernels.linear(x, w, None)
         with tuned(b):

@@ -9,7 +9,7 @@ call, the prefill of B x 16 prompt tokens included. Every exact row is compared 
 prompt alone. In the same rounds, this machine's ceilings for B rows: the per-row gemv ceiling (B x
 the multiply-adds of a step at the best rate gemv reaches here, 16 gemvs per block of weights read
 from memory, as a step reads them; beside it the bound of blocks already in cache), one gemm per
-matrix (`x @ W.T` for B rows, the model's 49 matrices in sequence), each kernel set's own products
+matrix (`x @ W` for B rows, the model's 49 matrices in sequence), each kernel set's own products
 alone, and the exact kernels' attention of a step alone (B sequences at the middle step's positions).
 """
 

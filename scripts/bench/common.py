@@ -113,7 +113,7 @@ def weight_matrices(model: Model) -> list[np.ndarray]:
     """The matrices one decode step multiplies, in the order it reads them: every block's four and
     the tied LM head (49 for GPT-2 small)."""
     return [w for b in model.params.h for w in (b.attn.c_attn.weight, b.attn.c_proj.weight, b.mlp.c_fc.weight,
-                                                b.mlp.c_proj.weight)] + [model.params.wte]
+                                                b.mlp.c_proj.weight)] + [model.params.wte.T]
 
 
 def multiply_adds(model: Model) -> int:
@@ -128,7 +128,7 @@ def products(linear: Callable, rows: int, head_rows: int | None = None) -> Calla
     Returns its seconds."""
     weights = weight_matrices(random_124m())
     counts = [rows] * (len(weights) - 1) + [rows if head_rows is None else head_rows]
-    xs = [np.random.default_rng(0).standard_normal((n, w.shape[1]), dtype=np.float32) for n, w in zip(counts, weights)]
+    xs = [np.random.default_rng(0).standard_normal((n, w.shape[0]), dtype=np.float32) for n, w in zip(counts, weights)]
 
     def run() -> float:
         start = time.perf_counter()
@@ -163,34 +163,34 @@ def attention_alone(model: Model, lengths: list[int], queries: int = 1) -> Calla
 
 
 def plain_product(x: np.ndarray, w: np.ndarray, bias: None) -> np.ndarray:
-    """x @ w.T: one BLAS call, gemv for one row and gemm for more."""
-    return x @ w.T
+    """x @ w: one BLAS call, gemv for one row and gemm for more."""
+    return x @ w
 
 
-GEMV_BLOCKS = (64, 128, 256, 512, 768, 1024, 1536)  # rows of a 768-wide block: 192 KB to 4.5 MB
+GEMV_BLOCKS = (64, 128, 256, 512, 768, 1024, 1536)  # outputs of a block of 768 inputs: 192 KB to 4.5 MB
 
 
 def gemv_rate(from_memory: bool = False) -> Callable[[], float]:
     """A run that finds the best rate this machine's gemv reaches, 16 gemvs in a row on a block of
-    64 .. 1536 rows of 768 weights (the 15 after the first read it from cache), each block through
+    768 inputs and 64 .. 1536 outputs, [n_in, n_out] as the model's (the 15 after the first read it from cache), each block through
     OpenBLAS's threads and split between minigpt's. In cache: each block three times over, so
     that the best leaves out the first read from memory (a bound no decode step reaches). From
     memory: blocks that follow each other through a pool three times the L3 (at least 96 MB), each
     read from memory once, as a decode step reads its weights. Returns the best multiply-adds per
     second."""
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((16, 768, 1), dtype=np.float32)
+    x = rng.standard_normal((16, 1, 768), dtype=np.float32)
     workers = ThreadPoolExecutor(blas_threads() - 1) if blas_threads() > 1 else None
     if from_memory:
         pool = rng.standard_normal(max(3 * (cache_bytes(3) or 32 * MIB), 96 * MIB) // 4, dtype=np.float32)
-        runs = {rows: pool[:pool.size // (rows * 768) * rows * 768].reshape(-1, rows, 768) for rows in GEMV_BLOCKS}
+        runs = {rows: pool[:pool.size // (rows * 768) * rows * 768].reshape(-1, 768, rows) for rows in GEMV_BLOCKS}
     else:
-        runs = {rows: np.broadcast_to(rng.standard_normal((rows, 768), dtype=np.float32), (3, rows, 768))
+        runs = {rows: np.broadcast_to(rng.standard_normal((768, rows), dtype=np.float32), (3, 768, rows))
                 for rows in GEMV_BLOCKS}  # one block, three times
 
     def sixteen(blocks: np.ndarray) -> None:
         for w in blocks:
-            np.matmul(w[None], x)  # 16 x ([rows, 768] @ [768, 1])
+            np.matmul(x, w[None])  # 16 x ([1, 768] @ [768, rows])
 
     def run() -> float:
         best = 0.0
@@ -199,7 +199,7 @@ def gemv_rate(from_memory: bool = False) -> Callable[[], float]:
                 for w in blocks[None] if from_memory else blocks[:, None]:  # all at once, or each block alone
                     start = time.perf_counter()
                     if split:
-                        shares = np.array_split(w, blas_threads(), axis=0 if from_memory else 1)
+                        shares = np.array_split(w, blas_threads(), axis=0 if from_memory else 2)
                         futures = [workers.submit(sixteen, share) for share in shares[1:]]
                         sixteen(shares[0])
                         for f in futures:

@@ -121,7 +121,7 @@ def without_products(model: Model, keys: int) -> Callable[[], float]:
     table: dict[tuple[int, int], np.ndarray] = {}
 
     def answered(x: np.ndarray, w: np.ndarray, bias) -> np.ndarray:
-        return table.setdefault((x.shape[0], w.shape[0]), np.zeros((x.shape[0], w.shape[0]), np.float32))
+        return table.setdefault((x.shape[0], w.shape[1]), np.zeros((x.shape[0], w.shape[1]), np.float32))
 
     kernels = model.kernels
     stub = dataclasses.replace(model, kernels=dataclasses.replace(kernels, linear=answered))
@@ -163,7 +163,7 @@ def run() -> Report:
     for name, m in engines.items():
         runs[f"rest {name}"] = partial(median_of, without_products(m, keys))
         runs[f"attention {name}"] = partial(median_of, attention_alone(m, [keys]))
-    runs["products x @ W.T"] = partial(median_of, products(plain_product, 1))
+    runs["products x @ W"] = partial(median_of, products(plain_product, 1))
     measured = interleaved(runs)
     lock = {name: [r[name] for r in measured["minigpt"]] for name in engines}  # per round, Steps
     decode = {name: [(r.tokens, r.seconds) for r in rounds] for name, rounds in lock.items()}  # as transformers'
@@ -182,7 +182,7 @@ def run() -> Report:
             best.products, [s - p for s, p in zip(best.seconds, best.products)], best.attention)]
     rest = {name: min(measured[f"rest {name}"]) * 1e3 for name in engines}
     attention = {name: min(measured[f"attention {name}"]) * 1e3 for name in engines}
-    plain = min(measured["products x @ W.T"]) * 1e3
+    plain = min(measured["products x @ W"]) * 1e3
     floor = min(plain, *alone.values())
     # a step against its products, step by step (each step's products timed right after it), in the best round
     over_products = {name: min(statistics.median(s / p for s, p in zip(r.seconds, r.alone)) for r in lock[name])
@@ -252,7 +252,7 @@ def run() -> Report:
     row(f"naive loop, one-token prompt: token 1 / token {NAIVE_TOKENS}, ms",
         {e: f"{a:.1f} / {b:.1f}" for e, (a, b) in naive_ms.items()})
     row(f"  staircase (token {NAIVE_TOKENS} ÷ token 1)", {e: f"{b / a:.2f}" for e, (a, b) in naive_ms.items()})
-    lines += ["", read_note(floor, model) + f" The same products as `x @ W.T` (one gemv each) took {plain:.2f} ms."]
+    lines += ["", read_note(floor, model) + f" The same products as `x @ W` (one gemv each) took {plain:.2f} ms."]
     if logits_diff is not None:
         lines.append(f"Same weights: transformers' last-position logits differ from minigpt exact's by at most "
                      f"{logits_diff:.1e}.")

@@ -18,11 +18,15 @@ tunings = st.builds(Tuning, one_row_block=st.integers(1, 2**23), multi_row_block
                     shared_block=st.integers(1, 2**21), shared_rows=st.integers(1, 20), gemm_rows=st.integers(1, 20))
 
 
-@given(tunings, tunings, st.integers(1, 40), st.integers(1, 300), st.integers(1, 700), st.integers(0, 2**32 - 1))
-def test_tuning_invariance_exact_linear_is_bitwise_the_same_under_any_two_tunings(a, b, rows, n_in, n_out, seed):
+@given(tunings, tunings, st.integers(1, 40), st.integers(1, 300), st.integers(1, 700), st.integers(0, 2**32 - 1),
+       st.booleans())
+def test_tuning_invariance_exact_linear_is_bitwise_the_same_under_any_two_tunings(a, b, rows, n_in, n_out, seed,
+                                                                                  head):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, n_in), dtype=np.float32)
-    w = rng.standard_normal((n_out, n_in), dtype=np.float32)
+    # a checkpoint's [n_in, n_out] (gemv "N"), or the head's wte.T, a view of [n_out, n_in] (gemv "T")
+    w = rng.standard_normal((n_out, n_in), dtype=np.float32).T if head else \
+        rng.standard_normal((n_in, n_out), dtype=np.float32)
     with tuned(a):
         ya = exact_linear(x, w, None)
     with tuned(b):
