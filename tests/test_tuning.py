@@ -28,12 +28,11 @@ def cache_home(tmp_path, monkeypatch):
 def test_the_default_comes_from_the_caches_the_kernel_reports(cache_home, monkeypatch):
     monkeypatch.setattr(tuning, "cache_bytes", lambda level: {2: 2**21, 3: 2**27}[level])
     monkeypatch.setattr(tuning, "threads", lambda: 2)
-    # 60% of L2 per thread is 629,145 weights for two threads: enough for OpenBLAS to split
-    assert tuning.machine_default() == Tuning(32 * 2**20 // 4, int(0.6 * 2**21) * 2 // 4, int(0.4 * 2**21) // 4,
-                                              tuning.NEVER, 16)
-    monkeypatch.setattr(tuning, "cache_bytes", lambda level: {2: 2**20, 3: 2**27}[level])
-    # 1 MiB of L2: blocks too small for OpenBLAS to split are shared between minigpt's threads
-    assert tuning.machine_default().shared_rows == 2
+    # several rows: blocks of 40% of L2 shared between minigpt's two threads, from 2 rows on
+    assert tuning.machine_default() == Tuning(32 * 2**20 // 4, int(0.6 * 2**21) // 4, int(0.4 * 2**21) // 4, 2, 16)
+    monkeypatch.setattr(tuning, "threads", lambda: 1)
+    # one thread: no sharing, blocks of 60% of its L2
+    assert tuning.machine_default().shared_rows == tuning.NEVER
     assert tuning.current() == tuning.machine_default()
 
 

@@ -62,14 +62,13 @@ def cache_bytes(level: int) -> int | None:
 
 
 def machine_default() -> Tuning:
-    """From the caches: one row in blocks of half of L3 (at most 32 MiB); several rows in blocks of
-    60% of L2 per thread, OpenBLAS splitting them, or, when such a block is too small for OpenBLAS
-    to split, shared between minigpt's threads in blocks of 40% of L2; gemm from 16 rows (1 MiB and
-    32 MiB when the kernel reports no caches)."""
+    """From the caches: one row in blocks of half of L3 (at most 32 MiB), OpenBLAS splitting them;
+    several rows shared between minigpt's threads in blocks of 40% of L2, each thread copying its own
+    blocks (linear.COPY_ROWS), or with one thread in blocks of 60% of L2; gemm from 16 rows (1 MiB
+    and 32 MiB when the kernel reports no caches)."""
     l2, l3 = cache_bytes(2) or MIB, cache_bytes(3) or 32 * MIB
-    multi_row_block = int(0.6 * l2) * threads() // 4
-    return Tuning(min(l3 // 2, 32 * MIB) // 4, multi_row_block, int(0.4 * l2) // 4,
-                  NEVER if multi_row_block >= OPENBLAS_SPLIT or threads() == 1 else 2, 16)
+    return Tuning(min(l3 // 2, 32 * MIB) // 4, int(0.6 * l2) // 4, int(0.4 * l2) // 4,
+                  2 if threads() > 1 else NEVER, 16)
 
 
 def key() -> str:
