@@ -1,15 +1,9 @@
 """GPT-2 checkpoints in the Hugging Face layout: a local directory in, config and weights out.
 
-A checkpoint directory holds config.json and the weights as safetensors: one model.safetensors,
-or shards listed by model.safetensors.index.json. Tensor names may carry the `transformer.`
-prefix (what `save_pretrained` writes) or not (the hub's openai-community/gpt2 file). Every
-tensor GPT-2 needs is checked for presence, shape, float dtype and finiteness before minigpt
-computes with it, so a wrong or damaged checkpoint fails here, naming the file and the tensor,
-rather than as a broadcasting error or NaN logits later. Pickle checkpoints (pytorch_model.bin)
-are refused without being opened: unpickling a file can run any code it contains.
-
-minigpt.loading.checkpoint_writer writes every layout read here (the tests and scripts/ make random
-checkpoints with it).
+The weights are one model.safetensors or its shards, tensor names with or without `transformer.`.
+Every tensor is checked (presence, shape, float dtype, finiteness) before any computing, so a bad
+checkpoint fails here, naming the file and the tensor; pickle is refused unopened (docs/loading.md).
+minigpt.loading.checkpoint_writer writes every layout read here.
 """
 
 from __future__ import annotations

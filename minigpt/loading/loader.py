@@ -1,15 +1,8 @@
 """`minigpt.load`: from a name to a runnable model. Composes checkpoint + tokenizer + model.
 
-A source is one of:
-- a local directory in Hugging Face layout (config.json, model.safetensors or a sharded index,
-  and usually vocab.json + merges.txt);
-- an alias (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`, `distilgpt2`) or a hub id
-  (`openai-community/gpt2`), downloaded once by huggingface_hub into its cache;
-- an embedded random model (`random-124m`, `random-tiny`): deterministic weights built in
-  memory, so that everything runs with no download at all.
-
-An existing local directory always wins: `./gpt2` is loaded rather than the hub's gpt2, and
-`./random-tiny` rather than the embedded model.
+A source is a local directory in Hugging Face layout, an alias (`gpt2`) or hub id downloaded once
+into huggingface_hub's cache, or an embedded random model (`random-tiny`) built in memory; an
+existing local directory always wins (docs/loading.md).
 """
 
 from __future__ import annotations
