@@ -1,11 +1,9 @@
 """The causal-mask proof: why a KV cache can be exact, run as an experiment, bit for bit.
 
-`prove` runs both generation loops side by side on a real model, the naive one on gpt2.forward and
-the cached one on kv_cache.forward_cached, and checks, on the bits, every claim of the argument in
-docs/exactness.md: old positions never change, masked weights are +0.0, unseen tokens reach no
-earlier position, and the cached loop computes the naive loop's numbers. What each layer computed
-is read from tracing.traced_forward, whose logits are checked to be bitwise the two forwards'
-own. It returns the verdicts as data; `python -m minigpt prove` (minigpt.cli.prove) prints them.
+`prove` runs the naive and the cached loop side by side and checks on the bits every claim of
+docs/exactness.md's argument: old positions never change, masked weights are +0.0, unseen tokens
+reach no earlier position, and the cached loop computes the naive loop's numbers. It returns the
+verdicts as data; `python -m minigpt prove` prints them.
 """
 
 from __future__ import annotations

@@ -2,13 +2,7 @@
 one check of its value (docs/api.md).
 
 Every interface takes its options from OPTIONS, so that none can be forgotten in one place: the
-keywords of generate, stream, generate_batch and Engine.generate (`takes_options` builds their
-signatures), the command line's flags (minigpt.cli.flags), batch's keys and the server's fields
-(minigpt.scripted.completion_request); tests/test_options.py holds each interface to the declaration.
-
-An error about an option carries its keyword in `err.param` and names it in a template
-(minigpt.errors.MinigptError), so that each interface names it its own way: the keyword, the flag,
-the JSON field.
+API's keywords (`takes_options`), the command line's flags, batch's keys and the server's fields.
 """
 
 from __future__ import annotations

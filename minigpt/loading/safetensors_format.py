@@ -1,13 +1,9 @@
 """The safetensors file format, read and written from scratch with NumPy.
 
-A safetensors file is an 8-byte little-endian header length N, N bytes of UTF-8 JSON, then one
-flat data buffer. The header maps each tensor name to its dtype, shape and [begin, end) byte
-offsets in that buffer (plus an optional "__metadata__" of strings). Nothing in it is executable,
-which is why minigpt loads only this format. Every header field is checked before a byte of data
-is read, so a damaged or half-downloaded file fails with a message naming the file and the fault
-instead of a NumPy error or a silently wrong model. Tensors come back as float32 whatever the
-stored float type: F32 ones are the file's bytes, mapped read-only; F16 and BF16 (bfloat16, the top
-half of a float32, which NumPy lacks) are decoded once into fresh arrays (docs/loading.md).
+A file is an 8-byte little-endian header length N, N bytes of JSON mapping each tensor name to its
+dtype, shape and [begin, end) byte offsets, then one flat data buffer: nothing executable. Every
+header field is checked before a byte of data is read. Tensors come back as float32: F32 mapped
+read-only where they lie, F16 and BF16 decoded once (docs/loading.md).
 """
 
 from __future__ import annotations

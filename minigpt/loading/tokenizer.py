@@ -1,11 +1,8 @@
 """GPT-2's byte-pair encoding, through tiktoken.
 
-GPT-2's two BPE tables (`encoder.json`, `vocab.bpe`, OpenAI's files, MIT-licensed) ship inside the
-package (minigpt/gpt2_bpe/), so tokenizing never needs the network. Hugging Face checkpoints carry
-the same tables as `vocab.json` + `merges.txt` and `MINIGPT_BPE_DIR` can name a folder holding
-either pair; those come first (docs/tokenizer.md). Tables are read here, as the files stand:
-tiktoken's own loader would keep a copy keyed by path in its download cache and never notice a
-changed file.
+GPT-2's BPE tables ship inside the package (minigpt/gpt2_bpe/), so tokenizing never needs the
+network; a checkpoint's or MINIGPT_BPE_DIR's tables come first (docs/tokenizer.md). They are read
+here, as the files stand: tiktoken's loader would cache a copy by path and miss a changed file.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 token ids, prompts, and requests' options drawn from their one declaration (minigpt.loading.options),
 constraints included.
 
-Configurations: 1-3 layers, 1-4 heads, head_dim 1-16, vocabularies of 2-64 tokens, n_positions
-up to 64 (so that sequences cross the exact attention kernel's PAGE of 16). Weights come at
-several scales: all zero (every tensor, LayerNorm gains included), Hugging Face's initialisation
-(std 0.02), 30x that (sharp attention), and 1000x (std 20: saturated softmax and GELU).
+Weights come at several scales, from all zero to saturated softmax and GELU; sequences cross the
+exact attention kernel's pages.
 """
 
 from __future__ import annotations
