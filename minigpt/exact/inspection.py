@@ -1,8 +1,6 @@
-"""Looking inside one forward: what attention looks at, layer by layer and head by head, the
-residual stream after each block, and the logit lens (what the model would predict if it stopped
-after each layer). Everything comes from the traced forward the proof uses (minigpt.exact.tracing),
-so it is the model's own computation, not a second implementation: with the exact kernels the logits
-are bitwise `forward`'s. Pictures of it: `python -m minigpt inspect` (docs/model.md).
+"""Looking inside one forward: each head's attention, the residual stream after each block, and
+the logit lens, all from the traced forward (minigpt.exact.tracing), the model's own computation
+(docs/model.md).
 """
 
 from __future__ import annotations

@@ -117,10 +117,9 @@ def parse_json(body: bytes) -> dict:
 
 
 def completion_request(model: Model, served_name: str, body: dict, capacity: int) -> CompletionRequest:
-    """A completions body checked before any work (APIError naming the field), with OpenAI's defaults:
-    max_tokens 16, temperature 1, n 1, best_of n, and a seed drawn from the system's randomness when
-    none is given. More candidates than `capacity` (what the server can ever hold in flight) is a 400,
-    counted before any prompt is encoded."""
+    """A completions body checked before any work (APIError naming the field), with OpenAI's
+    defaults and a random seed when none is given; more candidates than `capacity` (what the server
+    can ever hold in flight) is a 400, counted before any prompt is encoded."""
     unknown = [key for key in body if key not in FIELDS]
     if unknown:
         raise APIError(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])

@@ -201,10 +201,8 @@ def shutting_down() -> APIError:
 
 class Preparation:
     """What the HTTP side does before a request reaches the engine thread (a body checked, a
-    constraint compiled, /inspect's forward), off the event loop: each on a daemon thread of its
-    own, at most PREPARING at once. Once the server stops (`stop`) a preparation not done is answered
-    503; its thread goes on to the end of its work (bounded by the limits), unread, and the process
-    exits without waiting for it."""
+    constraint compiled, /inspect's forward), off the event loop, each on a daemon thread, at most
+    PREPARING at once; once the server stops, one not done is answered 503 and left unread."""
 
     def __init__(self):
         self.stopped = asyncio.Event()
