@@ -75,7 +75,7 @@ class PageScores:
 @dataclass(frozen=True, eq=False)
 class PrefixEntry:
     """A full page's entry in the prefix cache: the chained hash of its prefix, its own token ids
-    (checked on every hit) and, from a prefill that computed them, its scores."""
+    (compared on every hit) and, from a prefill that computed them, its scores."""
 
     hash: bytes
     tokens: tuple[int, ...]

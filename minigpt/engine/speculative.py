@@ -1,6 +1,6 @@
-"""Speculative decoding: guess several tokens cheaply, check them all in one forward of the model.
+"""Speculative decoding: guess several tokens cheaply, verify them all in one forward of the model.
 
-A forward over k + 1 rows costs little more than over one (the weights are read once), so checking
+A forward over k + 1 rows costs little more than over one (the weights are read once), so verifying
 k drafts (minigpt.engine.drafters) can give up to k + 1 tokens for about the price of one. Row i of
 the logits over [last token, d1 .. dk] is, with the exact kernels, bitwise the row plain decoding
 computes after d1 .. di. Greedy keeps plain greedy decoding's tokens bit for bit; sampling uses
@@ -83,7 +83,7 @@ def verify(seq: Sequence, logits: np.ndarray, drafts: list[int], q: np.ndarray |
 
 def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: int,
                       counts: DraftCounts) -> Iterator[None]:
-    """The cached loop with drafts: each step proposes up to k tokens, checks them in one forward
+    """The cached loop with drafts: each step proposes up to k tokens, verifies them in one forward
     and appends the tokens it keeps to `seq`, counting them in `counts`. Yields after every step."""
     request, options = seq.request, seq.request.sampling
     cache = new_cache(gpt.config, request.max_positions)

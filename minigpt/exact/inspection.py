@@ -54,7 +54,7 @@ def inspect(gpt: GPT2, ids: list[int], layers: list[int] | None = None, heads: l
 
 def attention(gpt: GPT2, ids: list[int], layer: int, head: int) -> np.ndarray:
     """float32 [T, T]: inspect(gpt, ids).attention[layer, head] (bitwise with the exact kernels), at
-    the cost of what it shows: the blocks up to `layer`, that head's weights, nothing kept of the
+    the cost of that head alone: the blocks up to `layer`, that head's weights, nothing kept of the
     rest (memory O(T * n_embd + n_head * T^2), never the logits or every layer's [H, T, T])."""
     trace = Trace()
     x = embed(gpt.params, ids, 0)  # [T, C]

@@ -119,7 +119,7 @@ def gpt2_tokenizer(directory: str | Path | None = None) -> tiktoken.Encoding:
 
 
 def token_text(tokenizer: tiktoken.Encoding, token: int) -> str:
-    """One token's text on its own (a byte that only begins a character shows as U+FFFD)."""
+    """One token's text on its own (a byte that only begins a character decodes as U+FFFD)."""
     return tokenizer.decode_single_token_bytes(token).decode("utf-8", errors="replace")
 
 

@@ -54,7 +54,7 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     """Generate up to `max_new_tokens` tokens after `prompt_ids` and time each one.
 
     The options are minigpt.loading.options.OPTIONS, each a keyword (docs/api.md). `speculate`
-    ("ngram", a draft Model or a Drafter) checks up to `draft_tokens` guessed tokens per step
+    ("ngram", a draft Model or a Drafter) verifies up to `draft_tokens` guessed tokens per step
     (minigpt.engine.speculative). on_step(tokens so far, that token's seconds) is called after each
     token; its own time is not counted in the next token's.
     """
