@@ -175,11 +175,9 @@ class PagePool:
             self.free[page] = True
 
     def _take(self, wanted: int | None) -> int:
-        """A page for one more sequence: a free one, `wanted` if it is free, else the middle of the
-        largest free gap (its start when the gap begins the pool), so that sequences stay in few
-        runs; with none free, the least recently used cached page, evicted. Its slots are zeroed
-        (another sequence's old keys may be in them): the exact kernels read a sequence's last page
-        whole, in place, its slots past the sequence's length included."""
+        """A page for one more sequence: `wanted` if it is free, else the middle of the largest free
+        gap (docs/paging.md), else the least recently used cached page, evicted. Its slots are zeroed:
+        the exact kernels read a sequence's last page whole, past its length included."""
         if not self.free.any():
             page, _ = self.cached.popitem(last=False)
             del self.by_hash[self.entries.pop(page).hash]

@@ -128,10 +128,9 @@ class Scheduler:
         return finished
 
     def _ready(self) -> list[Job]:
-        """The running jobs that take part in this step. One whose next row needs work first (a
-        grammar's mask) has it done on the mask thread, and sits out the steps until it is done: a
-        costly mask holds up its own sequence only, never the batch (its tokens do not depend on the
-        step that makes them). With none ready, waits up to MASK_WAIT_SECONDS for one."""
+        """The running jobs that take part in this step: one whose grammar mask is still being computed
+        on the mask thread sits out, so a costly mask holds up its own sequence only. With none
+        ready, waits up to MASK_WAIT_SECONDS for one."""
         for job in self.running:
             if job not in self.preparing and not job.seq.done and not job.seq.ready:
                 self.masks = self.masks or ThreadPoolExecutor(1, "minigpt-masks")

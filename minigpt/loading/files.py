@@ -19,10 +19,8 @@ KINDS = ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO
 
 
 def kind(path: str | os.PathLike, error: type[MinigptError]) -> str | None:
-    """What is at `path`, symlinks followed: "a file", "a directory", "a FIFO", ..., or None when nothing is.
-
-    A symlink loop, or a directory on the way that cannot be searched, is `error` saying so.
-    """
+    """What is at `path`, symlinks followed: "a file", "a directory", "a FIFO", ..., or None when
+    nothing is; a symlink loop or an unsearchable directory is `error` saying so."""
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):  # also a dangling symlink, or a file where a folder should be

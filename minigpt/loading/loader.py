@@ -99,12 +99,8 @@ def unknown_source(problem: str, source: str) -> ModelNotFoundError:
 
 
 def download(repo_id: str) -> Path:
-    """The hub repo's checkpoint files, from huggingface_hub's cache or downloaded (with its progress bar).
-
-    huggingface_hub writes each file under a temporary name (blobs/*.incomplete) and links it into
-    the snapshot only when complete, so an interrupted download never leaves a partial file where
-    minigpt looks; the next call resumes it. It honours HF_HUB_OFFLINE=1 and HF_HOME.
-    """
+    """The hub repo's checkpoint files, from huggingface_hub's cache or downloaded; an interrupted
+    download leaves no partial file where minigpt looks (huggingface_hub links a file in once whole)."""
     import huggingface_hub
     from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)

@@ -189,10 +189,9 @@ def knows_text(model: Model) -> bool:
 
 @st.composite
 def options(draw, model: Model, max_new_tokens: int, constrained: bool = False) -> dict:
-    """Some of a request's batched options (minigpt.loading.options.OPTIONS, every one of which is
-    drawn here but max_new_tokens, the caller's, and truncate_prompt, one prompt's alone), each within
-    its declared bounds: sampling, the logits processing, stop_at_eos, top_logprobs, and with a text
-    model stop strings and (constrained: llguidance installed) at most one constraint."""
+    """Some of a request's batched options, each within its declared bounds: every one but
+    max_new_tokens (the caller's), stop strings with a text model and at most one constraint when
+    `constrained` (llguidance installed)."""
     drawn = {**draw(sampling, label="sampling"), **draw(controls(model.config.vocab_size, max_new_tokens))}
     drawn.update(draw(st.fixed_dictionaries({}, optional={
         "stop_at_eos": st.booleans(), "top_logprobs": st.integers(0, MAX_TOP_LOGPROBS),
