@@ -61,10 +61,8 @@ class Shown:
 
 class EngineMachine(RuleBasedStateMachine):
     """The Engine as a state machine; `EngineMachine.TestCase` runs it under pytest or unittest. A
-    subclass sets what it runs on: `model` (a Model with the exact kernels, or a strategy of them),
-    `max_batch_sizes` and `spare_pages` (strategies; the pool has the pages of the largest request
-    plus these), `max_jobs` (requests per run) and `constrained` (constraints among the options:
-    llguidance and a model with GPT-2's vocabulary)."""
+    subclass sets `model` (a Model with the exact kernels, or a strategy of them), `max_batch_sizes`
+    and `spare_pages` (strategies: pages beyond the largest request's), `max_jobs` and `constrained`."""
 
     model: Model | st.SearchStrategy = models(min_positions=2 * PAGE + 1)
     max_batch_sizes: st.SearchStrategy = st.integers(1, 4)
