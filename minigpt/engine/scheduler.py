@@ -5,6 +5,8 @@ leaves at once and a waiting one takes its place (docs/batching.md). It decides 
 nothing else: admission (with the prefix cache's hits, docs/prefix-cache.md), and, when the
 PagePool runs out, eviction of unheld cached pages, then preemption of the latest admitted sequence,
 recomputed when readmitted. A sequence whose grammar mask is not ready sits out the step.
+
+Source: Inference Engineering (fanout.sh, inference-eng): the second fix of "The Autoregressive Loop & Cost".
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ the logits over [last token, d1 .. dk] is, with the exact kernels, bitwise the r
 computes after d1 .. di. Greedy keeps plain greedy decoding's tokens bit for bit; sampling uses
 Leviathan et al.'s rule, so every token is distributed as the model's own sample. Row i is processed
 only once the drafts before it are kept. k adapts to the drafter's success (docs/speculative.md).
+
+Source: Inference Engineering (fanout.sh, inference-eng): the third fix of "The Autoregressive Loop & Cost".
 """
 
 from __future__ import annotations
