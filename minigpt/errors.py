@@ -1,8 +1,5 @@
-"""One exception hierarchy for every mistake a user can make and every fault minigpt detects.
-
-The CLI catches `MinigptError` and prints its message as one line `error: ...`; anything else
-escaping is a bug in minigpt, not a user's mistake.
-"""
+"""One exception hierarchy for every mistake a user can make and every fault minigpt detects:
+anything else escaping is a bug in minigpt, not a user's mistake."""
 
 import math
 import numbers
@@ -15,13 +12,9 @@ import numpy as np
 class MinigptError(Exception):
     """Base class: the message names the problem and, where it can, what to do.
 
-    An error about an argument carries it: `param` is its keyword in the API ("top_k"), as OpenAI's
-    error objects carry theirs. Its message is then a template naming arguments as fields, "{top_k}
-    must be an integer >= 1, got {value}" (the values given as keywords, shown as they are), so that
-    each interface names them its own way with `message(name)`: the command line's flags, the
-    server's JSON fields, a batch line's keys; str() names them by their keywords. `prompt` is the
-    index of the prompt the error is about, in a call that takes several: str() begins "prompt i: ",
-    and an interface that numbers them its own way (a batch line) says so itself.
+    `param` is the argument's keyword ("top_k"), as in OpenAI's error objects; the message is then a
+    template, "{top_k} must be an integer >= 1, got {value}", that each interface fills with its own
+    names through `message(name)` (docs/loading.md). `prompt` is the index of the prompt at fault.
     """
 
     def __init__(self, message: str, param: str | None = None, *, prompt: int | None = None, **values: object):
@@ -29,9 +22,8 @@ class MinigptError(Exception):
         self.param, self.prompt, self.values = param, prompt, values
 
     def message(self, name: Callable[[str], str] = str, subject: bool = True) -> str:
-        """The message, each argument named name(keyword). subject=False leaves out the argument the
-        message begins with ("must be an integer >= 1, got 0"), for an interface that names it first
-        (argparse's "argument --top-k: ...")."""
+        """The message, each argument named name(keyword); subject=False leaves out the leading one
+        (for argparse's "argument --top-k: ...")."""
         if self.param is None:
             return self.args[0]
         lead = "{" + self.param + "} "
@@ -104,8 +96,8 @@ class NumericalError(MinigptError):
 
 
 def shown(value: object) -> str:
-    """`value` as a message shows it: its repr, a long one abridged (reprlib), and an integer too long
-    for Python to print (more than 4,300 digits: repr raises ValueError) by its number of digits."""
+    """`value` as a message shows it: its repr abridged (reprlib), an integer too long for repr by
+    its number of digits."""
     try:
         return reprlib.repr(value)
     except ValueError:
@@ -120,8 +112,7 @@ def is_int(value: object) -> bool:
 
 
 def check_int(value: object, name: str, minimum: int, maximum: int | None = None) -> int:
-    """`value` as an int if it is an integer in minimum..maximum (no maximum: >= minimum); else
-    InputError about the argument `name`."""
+    """`value` as an int if it is an integer in minimum..maximum; else InputError about `name`."""
     if not is_int(value) or value < minimum or maximum is not None and value > maximum:
         bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
         raise InputError(f"{{{name}}} must be an integer {bound}, got {{value}}", name, value=shown(value))
@@ -136,8 +127,7 @@ def check_bool(value: object, name: str) -> bool:
 
 
 def unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    """A JSON object hook (json.loads' object_pairs_hook): a key given twice is ambiguous (which one
-    would count?), so a ValueError naming it."""
+    """json.loads' object_pairs_hook: a key given twice is ambiguous, so a ValueError naming it."""
     seen = set()
     for key, _ in pairs:
         if key in seen:

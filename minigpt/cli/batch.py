@@ -1,9 +1,7 @@
 """`batch INPUT [-o OUTPUT]`: a JSON Lines file of prompts in, one JSON line of results per prompt out.
 
-The prompts are generated together on an Engine (minigpt.engine.scheduler), with its prefix cache: each
-as if it were alone, bitwise with the exact kernels, whatever the batch and the preemptions. Every
-line is checked before any work; results come back in any order and are written in input order,
-each as soon as it and all the lines before it are done.
+The prompts are generated together on an Engine, each bitwise as if alone with the exact kernels.
+Every line is checked before any work; results are written in input order as soon as they can be.
 """
 
 from __future__ import annotations
@@ -161,10 +159,9 @@ def run(args: argparse.Namespace) -> int:
 def checked_requests(model: Model, args: argparse.Namespace, values: dict,
                      given: set[str]) -> tuple[list, list[Request], list[bool], Engine]:
     """Every line of INPUT checked, before any work: the lines' ids, their requests, whether each
-    scores its prompt, and the engine whose pool they all fit in. The first bad line fails the run
-    (UsageError naming it, each argument by its key), and so does a command-line option (`given`;
-    `values`: every option's, checked) that no line takes and is changed by (--seed when every line
-    is greedy or has its own seed)."""
+    scores its prompt, and the engine whose pool they all fit in. A bad line fails the run, and so
+    does a command-line option (`given`) that no line takes (--seed when every line is greedy or
+    has its own seed)."""
     name = "stdin" if args.input == "-" else args.input
     own = flags(args.parser)
     key = lambda keyword: keyword if keyword in KEYS else own.get(keyword, keyword)  # noqa: E731
@@ -215,10 +212,8 @@ def read_lines(path: str, name: str) -> Iterator[tuple[int, str]]:
 
 
 def parse_line(model: Model, text: str, number: int, defaults: dict) -> tuple[object, Request, bool, set[str]]:
-    """One line checked: its id (default: its number), its request, with the options it overrides
-    (`defaults`: the command line's, checked, which are not checked again), whether it scores its
-    prompt, and the options it takes from the command line. The request's checks are the library's
-    own (check_options, request_of); only the JSON shapes are checked here."""
+    """One line checked: its id (default: its number), its request over the command line's checked
+    `defaults`, whether it scores its prompt, and the options it takes from the command line."""
     try:
         line = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:

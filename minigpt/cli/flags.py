@@ -21,9 +21,7 @@ from .output import binary
 
 
 class UsageError(InputError):
-    """A mistake in how a command was called that argparse cannot see (an input that cannot be
-    read or holds a bad line, an option the model cannot take): one line `error: ...` and exit 2,
-    as argparse's own usage errors."""
+    """A mistake in how a command was called that argparse cannot see: exit 2, as argparse's own."""
 
 
 def flags(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -51,9 +49,7 @@ CHUNK = 1 << 16
 
 def input_chunks(path: str, option: str) -> Iterator[bytes]:
     """The bytes of the file at `path` (`-`: stdin) in chunks as they arrive, a leading UTF-8 BOM
-    skipped (as the utf-8-sig codec does). Anything that can be read works: a file, a pipe,
-    /dev/stdin, a process substitution <(...); a device that never ends is the caller's to bound
-    (it stops reading at its limit). Read faults are usage errors naming the `option` and the path."""
+    skipped; read faults are usage errors naming the `option` and the path."""
     if path == "":
         raise UsageError(f"{option} is an empty path: name a file, or - for stdin")
     if path == "-" and sys.stdin is None:
@@ -70,9 +66,8 @@ def input_chunks(path: str, option: str) -> Iterator[bytes]:
 
 
 def read_text(path: str, option: str, limit: int, why: str) -> str:
-    """The UTF-8 text of the file at `path` (as input_chunks reads it), refused as soon as it passes
-    `limit` bytes (`why`: what that bound is), so that /dev/zero or a huge file is one usage error
-    after a bounded read, never read until memory runs out. Every file a command reads whole comes here."""
+    """The UTF-8 text of the file at `path`, refused as soon as it passes `limit` bytes (`why`: what
+    that bound is), so /dev/zero is one usage error after a bounded read."""
     name, data = f"{option} {path!r}", bytearray()
     for chunk in input_chunks(path, option):
         data += chunk
@@ -165,9 +160,8 @@ def add_request_options(p: argparse.ArgumentParser, batched: bool) -> None:
 
 
 def request_options(args: argparse.Namespace) -> tuple[dict, set[str]]:
-    """The request options, checked once, before any work (an InputError names the option; the
-    command words it as its flag): every keyword's value (those not given at their defaults), and
-    the keywords given on the command line."""
+    """The request options, checked once, before any work: every keyword's value (defaults for those
+    not given), and the keywords given on the command line."""
     given = {name: getattr(args, name) for name in OPTIONS if getattr(args, name, None) is not None}
     if "logit_bias" in given:
         given["logit_bias"] = by_token(given["logit_bias"], "logit_bias")  # one ID=BIAS per token

@@ -25,18 +25,15 @@ def binary(n: float) -> str:
 
 
 def top_logprobs_json(tokenizer, top_logprobs: list[list[tuple[int, float]]]) -> list[list[dict]]:
-    """Per token, its most likely alternatives as {"id", "token", "logprob"} objects, the shape of
-    the OpenAI API's top_logprobs: a script reads each field by name, and a field can be added
-    without breaking it (an [id, logprob] pair would be read by position). "token" is the id's
-    text (bytes that are not UTF-8 replaced), null for a model without GPT-2's tokenizer."""
+    """Per token, its most likely alternatives as {"id", "token", "logprob"} objects, as OpenAI's
+    top_logprobs ("token" null for a model without GPT-2's tokenizer)."""
     return [[{"id": t, "token": None if tokenizer is None else token_text(tokenizer, t), "logprob": lp}
              for t, lp in step] for step in top_logprobs]
 
 
 def table(rows: list[list[str]], numbers: tuple[int, ...] = ()) -> list[str]:
-    """The lines of a text table: each column as wide as its widest cell, columns two spaces apart;
-    the columns numbered in `numbers` hold numbers and are right-aligned, the others text, left-aligned.
-    Every command's tables are laid out here."""
+    """The lines of a text table, columns two spaces apart; the columns numbered in `numbers`
+    right-aligned, the others left-aligned."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     align = [">" if i in numbers else "<" for i in range(len(widths))]
     return ["  ".join(f"{cell:{a}{w}}" for cell, a, w in zip(row, align, widths)).rstrip() for row in rows]
@@ -53,9 +50,7 @@ HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SI
 @contextmanager
 def signals_held() -> Iterator[None]:
     """Ctrl-C, SIGTERM and SIGHUP held back while the block runs, then acted on as they would have
-    been (KeyboardInterrupt, or the default action: the process ends by that signal). SIGQUIT
-    (Ctrl-\\) is left alone: it stops at once, a way out of a write no reader takes. Only the main
-    thread can set handlers, and only it receives them: elsewhere the block runs as it is."""
+    been; SIGQUIT is left alone, a way out of a write no reader takes. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -75,10 +70,7 @@ def signals_held() -> Iterator[None]:
 
 def print_whole(text: str, stream: Stream | None = None) -> None:
     """`text` and a newline written to `stream` (default stdout) to the last byte before any signal
-    is acted on. A pipe whose reader is slow takes a long line in pieces, and a signal between two
-    pieces would end the command with part of a line written (65,536 bytes of it); held signals make
-    every output hold only whole lines, whatever the signal and the moment. A reader that stops reading
-    keeps the command waiting, as it would any writer; closing it ends the command."""
+    is acted on, so every output holds only whole lines (docs/loading.md)."""
     with signals_held():
         (sys.stdout if stream is None else stream).write_whole(text + "\n")
 
@@ -98,9 +90,8 @@ class Stream:
         self.guard(self.stream.flush)
 
     def write_whole(self, text: str) -> None:
-        """`text` written to the last byte, with os.write on the descriptor until every byte is out
-        (a signal makes a pipe take fewer, and an unbuffered stream, python -u, would drop the rest).
-        A descriptor made non-blocking by whoever made the pipe is waited on while it is full."""
+        """`text` written to the last byte, os.write until every byte is out (python -u would drop
+        the rest); a non-blocking descriptor is waited on while it is full."""
         self.guard(self._write_whole, text)
 
     def _write_whole(self, text: str) -> None:

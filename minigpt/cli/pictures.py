@@ -1,7 +1,5 @@
-"""The pictures the commands draw (the `plot` extra, matplotlib, without pyplot): latency per token
-(`staircase --plot`, and scripts/benchmark.py's plots), attention and the logit lens (`inspect
---plot`), the proof at a glance (`prove --plot`) and the page pool over a run (`batch --plot`).
-Each takes the data a command computed and writes one image file."""
+"""The pictures the commands' --plot draws (the `plot` extra, matplotlib without pyplot), each from
+the data a command computed, into one image file."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """`serve`: OpenAI's completions API on 127.0.0.1 (by default), every answer bitwise its solo generation.
-
-The server itself is minigpt.scripted.serve; this module parses the options, loads the model, binds the
-port and runs it until SIGINT or SIGTERM (exit 0).
+The options parsed, the model loaded, minigpt.scripted.serve runs until SIGINT or SIGTERM (exit 0).
 """
 
 from __future__ import annotations

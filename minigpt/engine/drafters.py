@@ -1,12 +1,8 @@
 """Drafters, the guessers of speculative decoding (minigpt.engine.speculative), and their contract.
 
-- `NGramDrafter` (prompt lookup): find the context's last n tokens earlier in the context and
-  propose what followed them there (Hugging Face's prompt_lookup_num_tokens, vLLM's ngram
-  speculator, llama.cpp's lookup). Free, and right whenever the text repeats itself.
-- `ModelDrafter`: a smaller model with the same vocabulary (distilgpt2 drafting for gpt2-xl),
-  with its own KV cache, rolled back with the model's.
-- Any object with `propose` and `accepted` (the `Drafter` protocol): its every proposal is checked
-  against the contract before the model trusts it (`CheckedDrafter`).
+`NGramDrafter` (prompt lookup), `ModelDrafter` (a smaller model with the same vocabulary), or any
+object with the `Drafter` methods, its every proposal checked before the model trusts it
+(`CheckedDrafter`; docs/speculative.md).
 """
 
 from __future__ import annotations
@@ -41,9 +37,7 @@ class Drafter(Protocol):
 
 class NGramDrafter:
     """Prompt lookup: propose the tokens that followed the latest earlier occurrence of the
-    context's last n tokens (n = MAX_NGRAM down to 1). When fewer than k tokens follow it (the
-    occurrence is recent: the text is repeating itself with that period), the guess continues the
-    repetition."""
+    context's last n tokens (n = MAX_NGRAM down to 1), continuing a repetition of a short period."""
 
     def propose(self, ids, k, options, rng):
         arr = np.asarray(ids)
@@ -87,9 +81,8 @@ class ModelDrafter:
 
 
 def check_speculation(model: GPT2, speculate, draft_tokens: int | None, max_positions: int) -> tuple[Drafter, int]:
-    """The drafter `speculate` names ("ngram", a draft model, or any object with the Drafter
-    methods, its proposals then checked: CheckedDrafter), checked against the model and the
-    request, and the most drafts per step (draft_tokens, default DRAFT_TOKENS)."""
+    """The drafter `speculate` names, checked against the model and the request, and the most
+    drafts per step (draft_tokens, default DRAFT_TOKENS)."""
     draft_tokens = check_int(DRAFT_TOKENS if draft_tokens is None else draft_tokens, "draft_tokens", 1)
     if isinstance(speculate, str):
         if speculate != "ngram":

@@ -1,12 +1,7 @@
-"""The Engine: a page pool and a continuous-batching scheduler that last across calls, driven by one
-thread at a time, which takes a batch of prompts and returns each one's result as if it ran alone
-(docs/batching.md, docs/prefix-cache.md). generate_batch runs one; the server shares one
-(minigpt.scripted.engine_thread).
-
-A step is nano-vllm's LLMEngine.step: the scheduler chooses the jobs (minigpt.engine.scheduler),
-the model runs once over all of them (minigpt.exact.batched), and what it computed is recorded
-after: each job's token sampled, its prompt scored if asked, its newly full pages put in the prefix
-cache with their scores (minigpt.engine.paging).
+"""The Engine: a page pool and a scheduler that last across calls, driven by one thread at a time;
+each prompt's result is as if it ran alone (docs/batching.md). A step is nano-vllm's
+LLMEngine.step: schedule, run the model once over the chosen jobs (minigpt.exact.batched), then
+record each job's token, prompt scores and newly full pages.
 """
 
 from __future__ import annotations
@@ -40,10 +35,8 @@ def pool_positions(n_positions: int, max_batch_size: int, kv_cache_tokens: int |
 
 
 class Engine:
-    """A page pool and a continuous-batching scheduler that last across calls, with a prefix cache:
-    full pages of keys and values are kept and reused by later requests that begin with the same
-    tokens. The pool holds kv_cache_tokens positions (default, and at most: a whole context per
-    place in the batch); its memory is committed as pages are written."""
+    """A page pool of kv_cache_tokens positions (default, and at most: a whole context per place in
+    the batch) and a scheduler that last across calls, with a prefix cache (docs/prefix-cache.md)."""
 
     def __init__(self, model: Model, *, max_batch_size: int = MAX_BATCH_SIZE, kv_cache_tokens: int | None = None,
                  prefix_cache: bool = True):
@@ -159,11 +152,8 @@ class Engine:
 
     @takes_options(batched=True)
     def generate(self, prompts, max_new_tokens=40, *, prompt_logprobs=False, **options) -> list[EngineResult]:
-        """generate_batch's options (each one value or one per prompt) and prompt_logprobs: results in
-        prompt order, each as if generated alone. With prompt_logprobs, result.prompt_logprobs is
-        [None, log P(ids[1] | ids[:1]), ...] (bitwise minigpt.score's with the exact kernels) and,
-        with top_logprobs=N, result.prompt_top_logprobs the N most likely at each position.
-        max_new_tokens=0 scores only."""
+        """generate_batch with prompt_logprobs: result.prompt_logprobs is [None, log P(ids[1] | ids[:1]),
+        ...], bitwise minigpt.score's with the exact kernels (docs/api.md). max_new_tokens=0 scores only."""
         requests = make_requests(self.gpt, prompts, {**options, "max_new_tokens": max_new_tokens})
         scoring = prompt_logprobs if isinstance(prompt_logprobs, (list, tuple)) else [prompt_logprobs] * len(requests)
         if len(scoring) != len(requests):
@@ -176,10 +166,8 @@ class Engine:
 
     def results(self, requests: list[Request], prompt_logprobs: list[bool],
                 on_tokens: Callable[[int], None] | None = None) -> Iterator[tuple[int, EngineResult]]:
-        """Run checked requests to the end: (index, result) as each of them finishes; on_tokens(n)
-        after every step that made n tokens. Requests submitted otherwise run alongside, to their end, but are
-        not among the results. A request that could never fit in the pool is refused before any work; one
-        whose processing gives up mid-way (a grammar beyond llguidance's limits) raises its error then."""
+        """Run checked requests to the end: (index, result) as each finishes; on_tokens(n) after every
+        step that made n tokens. Requests submitted otherwise run alongside but are not yielded."""
         with self._driving():
             self.check_fits(requests)
             jobs = [self._queue(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
@@ -200,10 +188,8 @@ class Engine:
                                  "kv_cache_tokens", prompt=i)
 
     def _record(self, job: Job, rows: np.ndarray, clock: float) -> int:
-        """What a step computed for a job (its rows [T or 1, vocab]): its prompt's scores if it asked
-        for them, its next token, its newly full pages in the prefix cache. The tokens it made. A
-        job whose weights overflow, or whose processing gives up (a grammar beyond its library's
-        limits), alone ends: the batch goes on."""
+        """Record what a step computed for a job (rows [T or 1, vocab]): its prompt's scores, its next
+        token, its newly full pages; the tokens it made. A job that fails ends alone."""
         made = 0
         try:
             check_finite(rows, job)  # the weights overflow on its ids

@@ -1,16 +1,11 @@
 """Paged KV memory: one pool of pages (PAGE positions each) shared by many sequences, and the prefix cache.
 
-A cache that reserves a sequence's whole context up front (kv_cache.new_cache) wastes the memory
-of every token the sequence never reaches. Serving engines (vLLM's PagedAttention) cut the memory
-into fixed-size pages instead: each sequence holds a page table, takes a page when it grows past
-its last one, and gives all of them back when it finishes or is preempted (docs/paging.md).
-
-The pool is also the prefix cache, as nano-vllm's block manager: a full page is kept under the
-chained hash of its tokens and every token before them, counted by the sequences that hold it,
-and evicted least recently used once nobody does (docs/prefix-cache.md). The pool places pages so
-that sequences stay in few runs (the exact kernels read a sequence's keys in place, run by run): a
-growing sequence takes the page right after its last one when it is free, and a new run starts in
-the middle of the largest free gap.
+As vLLM's PagedAttention, each sequence holds a page table instead of a whole context up front,
+takes a page as it grows and gives them all back when it finishes or is preempted (docs/paging.md).
+As nano-vllm's block manager, the pool is also the prefix cache: a full page is kept under the
+chained hash of its prefix and evicted least recently used once nobody holds it
+(docs/prefix-cache.md). Pages are placed so that sequences stay in few runs, which the exact
+kernels read in place.
 """
 
 from __future__ import annotations
@@ -79,8 +74,8 @@ class PageScores:
 
 @dataclass(frozen=True, eq=False)
 class PrefixEntry:
-    """A full page's entry in the prefix cache: how it is found again: the chained hash of its prefix, its own token ids (checked on
-    every hit) and, from a prefill that computed them, its scores."""
+    """A full page's entry in the prefix cache: the chained hash of its prefix, its own token ids
+    (compared on every hit) and, from a prefill that computed them, its scores."""
 
     hash: bytes
     tokens: tuple[int, ...]
@@ -180,11 +175,9 @@ class PagePool:
             self.free[page] = True
 
     def _take(self, wanted: int | None) -> int:
-        """A page for one more sequence: a free one, `wanted` if it is free, else the middle of the
-        largest free gap (its start when the gap begins the pool), so that sequences stay in few
-        runs; with none free, the least recently used cached page, evicted. Its slots are zeroed
-        (another sequence's old keys may be in them): the exact kernels read a sequence's last page
-        whole, in place, its slots past the sequence's length included."""
+        """A page for one more sequence: `wanted` if it is free, else the middle of the largest free
+        gap (docs/paging.md), else the least recently used cached page, evicted. Its slots are zeroed:
+        the exact kernels read a sequence's last page whole, past its length included."""
         if not self.free.any():
             page, _ = self.cached.popitem(last=False)
             del self.by_hash[self.entries.pop(page).hash]

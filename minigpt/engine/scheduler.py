@@ -1,25 +1,10 @@
 """Continuous batching: which of many requests run in the next step on one page pool that lasts.
 
-Decoding one token reads every weight once; B sequences decoded in one forward share that read
-(docs/batching.md). The `Scheduler` keeps a *continuous batch*: up to `max_batch_size` sequences
-running, each with its own sampling options and generator; a sequence that finishes leaves at once
-and a waiting one takes its place in the next step, so short replies never wait for long ones.
-It decides what runs and nothing else; the engine (minigpt.engine.engine) runs the model on what it
-chose and records what came out.
-
-Keys and values live in one PagePool (minigpt.engine.paging). When it runs out mid-generation, cached
-prefix pages nobody holds are evicted first; then the most recently admitted running sequence is
-*preempted*: its pages go back to the pool and it waits at the head of the queue, its keys and
-values recomputed when it is readmitted (its tokens, and so its logits processors, are kept).
-
-With the prefix cache, a request admitted takes the full pages its ids begin with from the cache
-instead of computing them (`cached_tokens`). Requests that arrive together and share a prefix are
-admitted one after the other, so that it is computed once. With the exact kernels a reused page
-holds bitwise what recomputing would write (docs/paging.md, docs/prefix-cache.md).
-
-A constrained sequence's next mask is computed on the mask thread, apart from the steps: a sequence
-whose mask is not ready sits out the step, so that a costly grammar holds up its own sequence only
-(docs/logits-processing.md).
+The `Scheduler` keeps a *continuous batch* of up to `max_batch_size` sequences: one that finishes
+leaves at once and a waiting one takes its place (docs/batching.md). It decides what runs and
+nothing else: admission (with the prefix cache's hits, docs/prefix-cache.md), and, when the
+PagePool runs out, eviction of unheld cached pages, then preemption of the latest admitted sequence,
+recomputed when readmitted. A sequence whose grammar mask is not ready sits out the step.
 
 Source: Inference Engineering (fanout.sh, inference-eng): the second fix of "The Autoregressive Loop & Cost".
 """
@@ -145,10 +130,9 @@ class Scheduler:
         return finished
 
     def _ready(self) -> list[Job]:
-        """The running jobs that take part in this step. One whose next row needs work first (a
-        grammar's mask) has it done on the mask thread, and sits out the steps until it is done: a
-        costly mask holds up its own sequence only, never the batch (its tokens do not depend on the
-        step that makes them). With none ready, waits up to MASK_WAIT_SECONDS for one."""
+        """The running jobs that take part in this step: one whose grammar mask is still being computed
+        on the mask thread sits out, so a costly mask holds up its own sequence only. With none
+        ready, waits up to MASK_WAIT_SECONDS for one."""
         for job in self.running:
             if job not in self.preparing and not job.seq.done and not job.seq.ready:
                 self.masks = self.masks or ThreadPoolExecutor(1, "minigpt-masks")

@@ -1,30 +1,11 @@
-"""Speculative decoding: guess several tokens cheaply, check them all in one forward of the model.
+"""Speculative decoding: guess several tokens cheaply, verify them all in one forward of the model.
 
-When memory bandwidth is the limit, a forward over k + 1 rows costs little more than over one
-(the weights are read once either way), so a step that checks k guessed tokens can produce up to
-k + 1 tokens for about the price of one (docs/speculative.md). A *drafter* guesses
-(minigpt.engine.drafters: prompt lookup, or a smaller model with the same vocabulary).
-
-The model checks the drafts in one forward over [last token, d1 .. dk]. Row i of its logits is
-the next-token distribution after d1 .. di; with the exact kernels it is bitwise the row plain
-decoding computes there (each row's arithmetic is independent of the others, minigpt.exact.kernels).
-
-- Greedy: accept drafts while they equal the token plain decoding chooses from their row, then
-  take that token. The tokens are those of plain greedy decoding, bit for bit.
-- Sampling: the rule of Leviathan et al. 2023 and Chen et al. 2023. Accept draft x with
-  probability min(1, p(x) / q(x)); on a rejection draw from max(p - q, 0), normalised. p and q
-  are the model's and the drafter's distributions after the same temperature, top-k and top-p;
-  a drafter without probabilities (prompt lookup) has q = one-hot. Every token is then
-  distributed exactly as the model's own sample would be.
-
-Both choose through the sequence, so a request's logits processing (bias, penalties, constraints:
-minigpt.loop.processing) applies to every row, and row i is processed only once the drafts before it
-are kept: a rejected draft never reaches a processor.
-
-The model's cache is cut back past the rejected drafts (KVCache.truncate), and
-k adapts: it grows while all drafts are accepted, shrinks on a rejection down to 0 (plain steps),
-and after a run of plain steps a single draft is tried again, twice as long a run after each
-failed try, so that a drafter that is always wrong costs almost nothing.
+A forward over k + 1 rows costs little more than over one (the weights are read once), so verifying
+k drafts (minigpt.engine.drafters) can give up to k + 1 tokens for about the price of one. Row i of
+the logits over [last token, d1 .. dk] is, with the exact kernels, bitwise the row plain decoding
+computes after d1 .. di. Greedy keeps plain greedy decoding's tokens bit for bit; sampling uses
+Leviathan et al.'s rule, so every token is distributed as the model's own sample. Row i is processed
+only once the drafts before it are kept. k adapts to the drafter's success (docs/speculative.md).
 
 Source: Inference Engineering (fanout.sh, inference-eng): the third fix of "The Autoregressive Loop & Cost".
 """
@@ -70,9 +51,9 @@ def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def judge(p: np.ndarray, q: np.ndarray | None, draft: int, rng: np.random.Generator) -> tuple[int, bool]:
-    """Speculative sampling's rule for one draft, p [vocab] the model's distribution after the tokens
-    kept so far and q [vocab] the drafter's (None: one-hot at the draft): (the draft, True) with
-    probability min(1, p/q), else (a token drawn from the residual, False)."""
+    """Speculative sampling's rule for one draft, p and q [vocab] the model's and the drafter's
+    distributions (q None: one-hot at the draft): (the draft, True) with probability min(1, p/q),
+    else (a token drawn from the residual, False)."""
     q = np.eye(1, p.size, draft)[0] if q is None else q
     if rng.random() * q[draft] < p[draft]:  # probability min(1, p/q) without dividing
         return draft, True
@@ -81,11 +62,9 @@ def judge(p: np.ndarray, q: np.ndarray | None, draft: int, rng: np.random.Genera
 
 
 def verify(seq: Sequence, logits: np.ndarray, drafts: list[int], q: np.ndarray | None, seconds: float) -> int:
-    """Check the drafts against the model's rows [n+1, vocab] (row i: after the drafts before it) and
-    append to `seq` the tokens it keeps: the accepted drafts, then the model's own token (a
-    correction, or the bonus token after the last draft). Greedy, a draft is accepted when it is the
-    token plain decoding chooses; sampling, by `judge`. Row i is processed (minigpt.loop.processing)
-    only once the drafts before it are kept. Returns how many drafts were kept."""
+    """Check the drafts against the model's rows [n+1, vocab] and append the tokens kept: the
+    accepted drafts, then the model's own token (a correction, or the bonus after the last draft).
+    Returns how many drafts were kept."""
     kept = 0
     for i, row in enumerate(logits):
         if i == len(drafts):
@@ -106,7 +85,7 @@ def verify(seq: Sequence, logits: np.ndarray, drafts: list[int], q: np.ndarray |
 
 def speculative_steps(gpt: GPT2, seq: Sequence, drafter: Drafter, draft_tokens: int,
                       counts: DraftCounts) -> Iterator[None]:
-    """The cached loop with drafts: each step proposes up to k tokens, checks them in one forward
+    """The cached loop with drafts: each step proposes up to k tokens, verifies them in one forward
     and appends the tokens it keeps to `seq`, counting them in `counts`. Yields after every step."""
     request, options = seq.request, seq.request.sampling
     cache = new_cache(gpt.config, request.max_positions)

@@ -1,11 +1,9 @@
 """The causal-mask proof: why a KV cache can be exact, run as an experiment, bit for bit.
 
-`prove` runs both generation loops side by side on a real model, the naive one on gpt2.forward and
-the cached one on kv_cache.forward_cached, and checks, on the bits, every claim of the argument in
-docs/exactness.md: old positions never change, masked weights are +0.0, unseen tokens reach no
-earlier position, and the cached loop computes the naive loop's numbers. What each layer computed
-is read from tracing.traced_forward, whose logits are checked to be bitwise the two forwards'
-own. It returns the verdicts as data; `python -m minigpt prove` (minigpt.cli.prove) prints them.
+`prove` runs the naive and the cached loop side by side and checks on the bits every claim of
+docs/exactness.md's argument: old positions never change, masked weights are +0.0, unseen tokens
+reach no earlier position, and the cached loop computes the naive loop's numbers. It returns the
+verdicts as data; `python -m minigpt prove` prints them.
 """
 
 from __future__ import annotations
@@ -33,10 +31,8 @@ COLUMNS = ("hidden", "K", "V", "masked", "causal", "cached")
 
 
 def ordered_bits(a: np.ndarray) -> np.ndarray:
-    """float32 bit patterns as int64, in the order of the values they encode (+0.0 and -0.0 both 0).
-
-    Adjacent float32 values map to adjacent integers, so a difference is a distance in ULPs.
-    """
+    """float32 bit patterns as int64, in the order of the values they encode (+0.0 and -0.0 both 0):
+    a difference is a distance in ULPs."""
     i = a.view(np.int32).astype(np.int64)
     return np.where(i < 0, -(i & 0x7FFFFFFF), i)  # sign-magnitude -> two's complement
 
@@ -195,12 +191,9 @@ def check_loops(gpt: GPT2, prompt: list[int], n_steps: int) -> Findings:
 
 
 def check_causality(gpt: GPT2, prompt: list[int], tokens: tuple[int, ...]) -> list[Comparison]:
-    """Check 3 on the full sequence prompt + tokens: for each step s, replace every token from
-    position n = P + s on (what step s has not seen yet) with another, drawn at random (seed 0),
-    and compare every position before n.
-
-    Returns no comparisons when the vocabulary has a single token (nothing to change it to).
-    """
+    """Check 3 on prompt + tokens: for each step s, replace every token from position n = P + s on
+    with another, drawn at random (seed 0), and compare every position before n (none with a
+    vocabulary of one token)."""
     config, rng = gpt.config, np.random.default_rng(0)
     if config.vocab_size < 2:
         return []

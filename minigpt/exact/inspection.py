@@ -1,8 +1,6 @@
-"""Looking inside one forward: what attention looks at, layer by layer and head by head, the
-residual stream after each block, and the logit lens (what the model would predict if it stopped
-after each layer). Everything comes from the traced forward the proof uses (minigpt.exact.tracing),
-so it is the model's own computation, not a second implementation: with the exact kernels the logits
-are bitwise `forward`'s. Pictures of it: `python -m minigpt inspect` (docs/model.md).
+"""Looking inside one forward: each head's attention, the residual stream after each block, and
+the logit lens, all from the traced forward (minigpt.exact.tracing), the model's own computation
+(docs/model.md).
 """
 
 from __future__ import annotations
@@ -56,7 +54,7 @@ def inspect(gpt: GPT2, ids: list[int], layers: list[int] | None = None, heads: l
 
 def attention(gpt: GPT2, ids: list[int], layer: int, head: int) -> np.ndarray:
     """float32 [T, T]: inspect(gpt, ids).attention[layer, head] (bitwise with the exact kernels), at
-    the cost of what it shows: the blocks up to `layer`, that head's weights, nothing kept of the
+    the cost of that head alone: the blocks up to `layer`, that head's weights, nothing kept of the
     rest (memory O(T * n_embd + n_head * T^2), never the logits or every layer's [H, T, T])."""
     trace = Trace()
     x = embed(gpt.params, ids, 0)  # [T, C]

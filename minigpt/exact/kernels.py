@@ -17,7 +17,7 @@ from .linear import exact_linear
 
 @dataclass(frozen=True)
 class BatchKernels(Kernels):
-    """A kernel set a Model runs on: with the attention weights `attend` uses, which tracing shows
+    """A kernel set a Model runs on: with the attention weights `attend` uses, which tracing records
     (minigpt.exact.tracing), and the batched forward's operation (minigpt.exact.batched)."""
 
     attention_weights: Callable  # (q [H, T, hd], k [H, S, hd]) -> [H, T, S]

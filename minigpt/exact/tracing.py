@@ -1,10 +1,6 @@
-"""A forward that keeps what it computes: each layer's output, its new keys and values, and its
-attention weights, for the proof (minigpt.exact.causal_proof) and for naming the layer where an overflow
-began (minigpt.loading.checks).
-
-It runs the same functions as gpt2.forward and kv_cache.forward_cached (embed, block, lm_head, a
-cache's attend), with an attend that records what it is given, so those forwards stay free of
-instrumentation; the proof checks that its logits are bitwise theirs.
+"""A forward that keeps what it computes (each layer's output, new keys and values, attention
+weights), for the proof and for naming the layer where an overflow began. It runs gpt2.forward's
+own functions with an attend that records, so those forwards stay free of instrumentation.
 """
 
 from __future__ import annotations

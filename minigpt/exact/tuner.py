@@ -20,11 +20,9 @@ SETTLE = 0.15  # seconds: longer than OpenBLAS's threads spin after a call (2**2
 
 
 def fastest(candidates: dict, run, rounds: int = 5, settle: float = 0.0) -> tuple[object, dict]:
-    """The candidate whose run(candidate) took least time, in interleaved rounds (each round times
-    every candidate once, so a machine whose speed drifts slows them alike); and each one's best
-    seconds. With `settle`, a candidate runs untimed for that long before each timing, so that it
-    is timed in its own steady state: minigpt's own threads are slow while OpenBLAS's still spin
-    after the candidate before."""
+    """The candidate whose run(candidate) took least time, in interleaved rounds (a drifting machine
+    slows all alike), and each one's best seconds; `settle`: seconds run untimed before each timing
+    (OpenBLAS's threads still spin after the candidate before)."""
     best = dict.fromkeys(candidates, float("inf"))
     for _ in range(rounds):
         for name, candidate in candidates.items():
@@ -38,10 +36,9 @@ def fastest(candidates: dict, run, rounds: int = 5, settle: float = 0.0) -> tupl
 
 
 def measure(n_embd: int = GPT2Config.n_embd, vocab_size: int = GPT2_VOCAB_SIZE) -> tuple[Tuning, dict[str, dict]]:
-    """Time the kernels' products at each candidate cut on a GPT-2 decode step's matrices: blocks'
-    four (more of them than the L3 holds, read again until they weigh as GPT-2 small's 12 blocks)
-    and the LM head, whose cut matters as much (it is a third of the step's weights): the fastest
-    cut, and the best seconds of every candidate (decision -> candidate -> seconds)."""
+    """Time the products at each candidate cut on a GPT-2 decode step's matrices (a block's four,
+    as many as GPT-2 small's 12 weigh, and the LM head): the fastest cut, and the best seconds of
+    every candidate (decision -> candidate -> seconds)."""
     rng = np.random.default_rng(0)
     C = n_embd
     shapes = ((C, 3 * C), (C, C), (C, 4 * C), (4 * C, C))  # [n_in, n_out], as a checkpoint stores them

@@ -1,14 +1,7 @@
-"""How the kernels cut the weights into blocks, chosen for the machine they run on, and the
-file-locked store of measured choices. The numbers that do decide bits are minigpt.exact.threads'.
-The exact kernels' bits do not depend on how the weights are cut into blocks, nor on which thread
-computes a block (docs/exactness.md, point 3), so the cut can follow the machine: one row takes
-large blocks, which OpenBLAS splits between its threads; several rows take blocks whose share per
-thread stays in that thread's L2 while every row passes over it, split by OpenBLAS when a block is
-large enough for it to split, else shared between minigpt's own threads. The fast kernels switch
-from those per-row products to one gemm at a row count. Without a measurement all of it comes from
-the caches the kernel reports (sysfs); `python -m minigpt tune` (minigpt.exact.tuner) measures this machine on the
-model's own shapes, in seconds, and keeps the choice in the user's cache directory per CPU, BLAS
-build and thread count, as FFTW keeps its wisdom. MINIGPT_TUNING=off ignores a kept choice.
+"""How the kernels cut the weights into blocks, and the file-locked store of measured choices. The
+exact kernels' bits do not depend on the cut (the numbers that do are minigpt.exact.threads'), so it
+follows the machine: from its caches, or as `python -m minigpt tune` measured and kept it per CPU,
+BLAS build and thread count (docs/exactness.md, point 3). MINIGPT_TUNING=off ignores a kept choice.
 """
 
 from __future__ import annotations

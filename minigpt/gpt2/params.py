@@ -1,9 +1,8 @@
 """GPT-2's weights as small frozen dataclasses, named exactly as in Hugging Face checkpoints.
 
-`params.h[3].attn.c_attn.weight` is the tensor `h.3.attn.c_attn.weight`, as the checkpoint stores
-it: a linear layer's weight is [n_in, n_out] (Hugging Face's Conv1D), so a layer computes
-`x @ weight + bias`, as picoGPT and Conv1D do; the tied LM head `wte` is [vocab_size, C], one row per
-token. A loaded checkpoint's arrays are its file, mapped read-only (minigpt.loading.safetensors_format).
+`params.h[3].attn.c_attn.weight` is the checkpoint's tensor `h.3.attn.c_attn.weight` as stored: a
+linear layer's weight is [n_in, n_out] (Conv1D), so a layer computes `x @ weight + bias`; the tied
+LM head `wte` is [vocab_size, C].
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """GPT-2 checkpoints in the Hugging Face layout: a local directory in, config and weights out.
 
-A checkpoint directory holds config.json and the weights as safetensors: one model.safetensors,
-or shards listed by model.safetensors.index.json. Tensor names may carry the `transformer.`
-prefix (what `save_pretrained` writes) or not (the hub's openai-community/gpt2 file). Every
-tensor GPT-2 needs is checked for presence, shape, float dtype and finiteness before minigpt
-computes with it, so a wrong or damaged checkpoint fails here, naming the file and the tensor,
-rather than as a broadcasting error or NaN logits later. Pickle checkpoints (pytorch_model.bin)
-are refused without being opened: unpickling a file can run any code it contains.
-
-minigpt.loading.checkpoint_writer writes every layout read here (the tests and scripts/ make random
-checkpoints with it).
+The weights are one model.safetensors or its shards, tensor names with or without `transformer.`.
+Every tensor is checked (presence, shape, float dtype, finiteness) before any computing, so a bad
+checkpoint fails here, naming the file and the tensor; pickle is refused unopened (docs/loading.md).
+minigpt.loading.checkpoint_writer writes every layout read here.
 """
 
 from __future__ import annotations
@@ -102,11 +96,8 @@ def load_checkpoint(directory: str | os.PathLike) -> tuple[GPT2Config, GPT2Param
 
 
 def _weight_files(directory: Path) -> list[Path]:
-    """The safetensors file(s) holding the weights; pickle checkpoints are refused unopened.
-
-    Only the exact names count, so a partial download (model.safetensors.incomplete, *.part)
-    is never mistaken for the weights.
-    """
+    """The safetensors file(s) holding the weights, by their exact names only (a partial download
+    is never mistaken for them); pickle checkpoints are refused unopened."""
     what = kind(directory, CheckpointError)
     if what != "a directory":
         raise CheckpointError(f"{directory}: not a directory ({what or 'nothing is there'})")
@@ -161,13 +152,9 @@ def _read_json(path: Path) -> object:
 
 
 def _read_weights(config: GPT2Config, files: list[Path]) -> dict[str, np.ndarray]:
-    """Every tensor `config` needs, by its unprefixed name, as checked float32 arrays.
-
-    Checks from the headers, before reading data: that the file holds the layers config.json
-    claims (before anything is built per layer), that every tensor is there, none is left over,
-    and the shapes; then dtypes (while reading), finiteness, and that a stored lm_head.weight is
-    the tied wte.
-    """
+    """Every tensor `config` needs, by its unprefixed name, as checked float32 arrays: the layers,
+    names and shapes from the headers before any data is read; then dtypes, finiteness, and that a
+    stored lm_head.weight is the tied wte."""
     stored = _locate_tensors(files)
     directory = files[0].parent
     _check_layer_count(config, stored, directory)

@@ -53,14 +53,9 @@ def save_checkpoint(
     lm_head: bool = False,
     attn_bias: bool = False,
 ) -> None:
-    """Write config.json and the weights in the layout Hugging Face uses.
-
-    dtype: float32, float16 or bfloat16 storage. prefix: "transformer." as save_pretrained
-    names tensors, "" as the hub's openai-community/gpt2 file does. shards > 1: that many
-    model-0000i-of-0000N.safetensors files plus model.safetensors.index.json. lm_head: also
-    store lm_head.weight (= wte). attn_bias: also store the causal-mask buffers h.N.attn.bias
-    and h.N.attn.masked_bias that the hub file carries (in `dtype`, like the weights).
-    """
+    """Write config.json and the weights in the layout Hugging Face uses: `prefix` "transformer." as
+    save_pretrained names tensors, "" as the hub's file; shards > 1 with an index; lm_head and
+    attn_bias also store lm_head.weight (= wte) and the hub's causal-mask buffers."""
     tensors = {prefix + name: value for name, value in params_to_tensors(params).items()}
     if lm_head:
         tensors[LM_HEAD] = params.wte

@@ -67,8 +67,7 @@ _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # GPT2Params 
 
 def check_parts(params: object, config: object, kernels: object) -> None:
     """InputError unless the config, weights and kernel set are of their types and the weights have
-    the config's shapes. GPT2Params are frozen, so weights are checked once per config (148 tensors:
-    68 us against a 10 ms decode step for GPT-2 small)."""
+    the config's shapes (checked once per config: GPT2Params are frozen)."""
     check_config(config)
     if not isinstance(kernels, BatchKernels):
         raise InputError(f"kernels must be a kernel set (minigpt.exact.kernels.EXACT or FAST), got {kernels!r}")
@@ -78,11 +77,8 @@ def check_parts(params: object, config: object, kernels: object) -> None:
 
 
 def check_ids(ids, vocab_size: int, name: str = "ids") -> np.ndarray:
-    """Token ids as a 1-D int64 array, or InputError about the argument `name` naming the first
-    offending id.
-
-    Only integers are ids: floats (even 2.0), bools and strings are refused, never cast.
-    """
+    """Token ids as a 1-D int64 array, or InputError about `name` naming the first offending id:
+    floats (even 2.0), bools and strings are refused, never cast."""
     if isinstance(ids, (str, bytes)):
         raise InputError("token ids must be integers, got the text {value}; encode it first (minigpt.encode)", name,
                          value=reprlib.repr(ids))
@@ -103,10 +99,8 @@ POOLED = ("k", "v", "length", "capacity", "runs", "fault")  # what a pool's cach
 
 
 def check_cache(config: GPT2Config, cache: object) -> KVCache:
-    """`cache` if it fits this model (its length then a Python int): a KVCache (model.new_cache()) or
-    a pool's cache (minigpt.engine.paging.PagedCache, which names its own faults); else InputError
-    naming what does not fit. A cache made by a model of other shapes would fail inside NumPy or,
-    with only the layer count different, be silently accepted."""
+    """`cache` if it fits this model (its length then a Python int), a KVCache or a pool's cache;
+    else InputError naming what does not fit."""
     pooled = not isinstance(cache, KVCache)
     if pooled and not all(hasattr(cache, name) for name in POOLED):
         raise InputError(f"cache must be a KVCache (model.new_cache()), got {type(cache).__name__}")

@@ -1,10 +1,8 @@
 """What stands at a path, looked at without opening it.
 
-A checkpoint or a tokenizer folder is read through exact names (config.json, model.safetensors,
-vocab.json, ...). Something else under such a name must not pass for "missing": a directory, a FIFO
-(opening one blocks until a writer comes: a hang), a socket or device, a symlink that points to
-itself. Nor may a directory that cannot be searched (no x permission) become a PermissionError
-traceback. Each of these is the caller's `error`, naming the path.
+Something else under a file's exact name (a directory, a FIFO that would hang, a device, a symlink
+loop, an unsearchable directory) must not pass for "missing" nor become a traceback: each is the
+caller's `error`, naming the path.
 """
 
 from __future__ import annotations
@@ -21,10 +19,8 @@ KINDS = ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO
 
 
 def kind(path: str | os.PathLike, error: type[MinigptError]) -> str | None:
-    """What is at `path`, symlinks followed: "a file", "a directory", "a FIFO", ..., or None when nothing is.
-
-    A symlink loop, or a directory on the way that cannot be searched, is `error` saying so.
-    """
+    """What is at `path`, symlinks followed: "a file", "a directory", "a FIFO", ..., or None when
+    nothing is; a symlink loop or an unsearchable directory is `error` saying so."""
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):  # also a dangling symlink, or a file where a folder should be

@@ -1,15 +1,8 @@
 """`minigpt.load`: from a name to a runnable model. Composes checkpoint + tokenizer + model.
 
-A source is one of:
-- a local directory in Hugging Face layout (config.json, model.safetensors or a sharded index,
-  and usually vocab.json + merges.txt);
-- an alias (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`, `distilgpt2`) or a hub id
-  (`openai-community/gpt2`), downloaded once by huggingface_hub into its cache;
-- an embedded random model (`random-124m`, `random-tiny`): deterministic weights built in
-  memory, so that everything runs with no download at all.
-
-An existing local directory always wins: `./gpt2` is loaded rather than the hub's gpt2, and
-`./random-tiny` rather than the embedded model.
+A source is a local directory in Hugging Face layout, an alias (`gpt2`) or hub id downloaded once
+into huggingface_hub's cache, or an embedded random model (`random-tiny`) built in memory; an
+existing local directory always wins (docs/loading.md).
 """
 
 from __future__ import annotations
@@ -106,12 +99,8 @@ def unknown_source(problem: str, source: str) -> ModelNotFoundError:
 
 
 def download(repo_id: str) -> Path:
-    """The hub repo's checkpoint files, from huggingface_hub's cache or downloaded (with its progress bar).
-
-    huggingface_hub writes each file under a temporary name (blobs/*.incomplete) and links it into
-    the snapshot only when complete, so an interrupted download never leaves a partial file where
-    minigpt looks; the next call resumes it. It honours HF_HUB_OFFLINE=1 and HF_HOME.
-    """
+    """The hub repo's checkpoint files, from huggingface_hub's cache or downloaded; an interrupted
+    download leaves no partial file where minigpt looks (huggingface_hub links a file in once whole)."""
     import huggingface_hub
     from huggingface_hub.errors import (GatedRepoError, HFValidationError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)

@@ -1,9 +1,5 @@
-"""`Model`: a GPT-2 with its forwards checked at the boundary, as scripts call them.
-
-`model.forward(ids)` is gpt2.forward, `model.forward(ids, cache)` kv_cache.forward_cached and
-`model.forward_batch` batched.forward_batch, each after minigpt.loading.checks has looked at what it is
-given, and with one isfinite over the logits: an overflow is a NumericalError naming the layer
-where it began (tracing.first_non_finite).
+"""`Model`: a GPT-2 whose forwards check what they are given (minigpt.loading.checks) and name the
+layer where an overflow began (tracing.first_non_finite).
 """
 
 from __future__ import annotations
@@ -34,11 +30,7 @@ if TYPE_CHECKING:  # the model never tokenizes; it only carries the loader
 @dataclass(frozen=True, eq=False)
 class Model(GPT2):
     """A loaded GPT-2: configuration, weights and kernel set (EXACT by default), with checked forwards.
-
-    The tokenizer is built on first use of `.tokenizer` by `tokenizer_loader` (None: the model has no
-    tokenizer, e.g. a test checkpoint whose vocabulary is not GPT-2's), so that work on token ids
-    alone never needs GPT-2's BPE tables.
-    """
+    `.tokenizer` is built on first use (None: a vocabulary not GPT-2's)."""
 
     kernels: BatchKernels = EXACT
     tokenizer_loader: Callable[[], Encoding] | None = None
@@ -136,9 +128,8 @@ def with_layer(gpt: GPT2, error: NumericalError, ids, cache: KVCache | None = No
 
 @contextmanager
 def overflow_named_by_layer(gpt: GPT2, ids, cache: KVCache | None = None) -> Iterator[None]:
-    """The block run with overflow warnings off: an overflow is the NumericalError of a finiteness
-    check, raised here naming the layer where it began (with_layer). `ids` may be a function giving
-    them, called only then: a loop's ids grow."""
+    """The block run with overflow warnings off; a NumericalError raised in it names the layer where
+    the overflow began. `ids` may be a function giving them (a loop's ids grow)."""
     try:
         with np.errstate(over="ignore", invalid="ignore"):
             yield

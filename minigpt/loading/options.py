@@ -2,13 +2,7 @@
 one check of its value (docs/api.md).
 
 Every interface takes its options from OPTIONS, so that none can be forgotten in one place: the
-keywords of generate, stream, generate_batch and Engine.generate (`takes_options` builds their
-signatures), the command line's flags (minigpt.cli.flags), batch's keys and the server's fields
-(minigpt.scripted.completion_request); tests/test_options.py holds each interface to the declaration.
-
-An error about an option carries its keyword in `err.param` and names it in a template
-(minigpt.errors.MinigptError), so that each interface names it its own way: the keyword, the flag,
-the JSON field.
+API's keywords (`takes_options`), the command line's flags, batch's keys and the server's fields.
 """
 
 from __future__ import annotations
@@ -148,11 +142,9 @@ OPTIONS = {option.name: option for option in [
 
 
 def check_options(values: dict, checked_before: dict | None = None) -> dict:
-    """Every option checked (each by its own check, then at most one constraint, and min_tokens against
-    max_new_tokens), the absent ones at their values in `checked_before` (check_options' own result,
-    taken as it is: the command line's under a batch line's) or else at their defaults: keyword ->
-    value. Needs no model (check_against_model does; a constraint is compiled for the model's tokenizer
-    by minigpt.loading.requests)."""
+    """Every option checked, keyword -> value, the absent ones at their values in `checked_before`
+    (check_options' own result: the command line's under a batch line's) or at their defaults.
+    Needs no model (minigpt.loading.requests checks against one)."""
     before = checked_before or {}
     checked = {name: before[name] if name in before and name not in values
                else option.check(values.get(name, option.default), name) for name, option in OPTIONS.items()}
@@ -202,9 +194,8 @@ def by_token(pairs, name: str) -> dict:
 
 def takes_options(batched: bool) -> Callable:
     """A function of `**options` given every option's keyword and default in its signature (batched:
-    only OPTIONS' batched ones), as help() and inspect show it. A call binds to that signature: a
-    keyword it does not take is Python's TypeError, and the function receives every option, the
-    ones not given at their defaults."""
+    only the batched ones): an unknown keyword is Python's TypeError, and the function receives
+    every option."""
     def decorate(function: Callable) -> Callable:
         signature = inspect.signature(function)
         own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]

@@ -1,13 +1,9 @@
 """The safetensors file format, read and written from scratch with NumPy.
 
-A safetensors file is an 8-byte little-endian header length N, N bytes of UTF-8 JSON, then one
-flat data buffer. The header maps each tensor name to its dtype, shape and [begin, end) byte
-offsets in that buffer (plus an optional "__metadata__" of strings). Nothing in it is executable,
-which is why minigpt loads only this format. Every header field is checked before a byte of data
-is read, so a damaged or half-downloaded file fails with a message naming the file and the fault
-instead of a NumPy error or a silently wrong model. Tensors come back as float32 whatever the
-stored float type: F32 ones are the file's bytes, mapped read-only; F16 and BF16 (bfloat16, the top
-half of a float32, which NumPy lacks) are decoded once into fresh arrays (docs/loading.md).
+A file is an 8-byte little-endian header length N, N bytes of JSON mapping each tensor name to its
+dtype, shape and [begin, end) byte offsets, then one flat data buffer: nothing executable. Every
+header field is checked before a byte of data is read. Tensors come back as float32: F32 mapped
+read-only where they lie, F16 and BF16 decoded once (docs/loading.md).
 """
 
 from __future__ import annotations
@@ -61,12 +57,8 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
 
 def read_safetensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
     """name -> float32 C-contiguous array for `names` (all tensors if None); reads no other data.
-
-    F32 tensors are views of the file mapped read-only: no byte is copied, the arrays are not
-    writeable, and the page cache holds them once for every process that maps the file. The map
-    lasts while any of them does; a file renamed over this one leaves them on the old bytes. F16
-    and BF16 tensors are decoded into fresh arrays that own their memory.
-    """
+    F32 tensors are read-only views of the file mapped (no byte copied; a file renamed over it
+    leaves them on the old bytes); F16 and BF16 ones are decoded into fresh arrays."""
     path = Path(path)
     with _open(path) as f:
         header = _parse_header(f, path)
@@ -81,11 +73,8 @@ def write_safetensors(
     dtype: str = "float32",
     metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Store `tensors` as `dtype` (float32, float16 or bfloat16), as the official writer lays them out.
-
-    Sorted by name, contiguous, header padded with spaces so the data starts 8-byte aligned.
-    The file appears under `path` only once complete (see `atomic_write`).
-    """
+    """Store `tensors` as `dtype` (float32, float16 or bfloat16), as the official writer lays them
+    out (sorted by name, data 8-byte aligned); the file appears under `path` only once complete."""
     if dtype not in ENCODINGS:
         raise ValueError(f"dtype must be one of {', '.join(ENCODINGS)}, got {dtype!r}")
     code = ENCODINGS[dtype]
@@ -106,11 +95,8 @@ def write_safetensors(
 
 @contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A binary file to write that replaces `path` only when the block ends without an error.
-
-    It is written as a hidden temporary file in the same directory, synced, then renamed over
-    `path` (atomic on POSIX and Windows), so a crash never leaves a half-written file there.
-    """
+    """A binary file to write that replaces `path` only when the block ends without an error: a
+    hidden temporary file beside it, synced, then renamed over it (atomic)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
@@ -125,11 +111,8 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
 
 
 def float32_to_bfloat16(x: np.ndarray) -> np.ndarray:
-    """The bfloat16 bits (as uint16) nearest to float32 `x`, ties to even, as torch rounds.
-
-    Adding 0x7FFF plus the lowest kept bit before dropping the low 16 bits rounds to nearest
-    even (and overflows to infinity correctly); every NaN becomes the quiet NaN 0x7FC0.
-    """
+    """The bfloat16 bits (as uint16) nearest to float32 `x`, ties to even, as torch rounds; every
+    NaN becomes the quiet NaN 0x7FC0."""
     x = np.asarray(x, dtype=np.float32, order="C")
     bits = x.view(np.uint32)
     rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)

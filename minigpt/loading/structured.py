@@ -2,16 +2,10 @@
 grammar, enforced by masking each step's logits to the tokens that keep it matchable
 (docs/logits-processing.md#constrained-decoding).
 
-llguidance (the `structured` extra) compiles a constraint against GPT-2's tiktoken encoding and, at
-each step, computes the bitmask of the tokens whose bytes can extend the text so far towards a match:
-one bit per token id, 1,571 words of 32 bits for GPT-2's 50,257 tokens. A `Constraint` is a logits
-processing (minigpt.loop.processing); its `Matcher`, one per sequence, holds the sequence's place in
-the grammar: it masks a row of logits (forbidden tokens to -inf, so no sampler can choose them),
-advances with each token kept, and says when the text matches whole and nothing may follow.
-
-The mask depends only on the tokens a sequence has kept, never on how its logits were computed, so
-whatever leaves a sequence's logits bitwise the same (batching, the prefix cache, preemption,
-speculation) leaves its constrained tokens the same too.
+llguidance (the `structured` extra) compiles a constraint against GPT-2's encoding. A `Constraint`
+is a logits processing; its `Matcher`, one per sequence, sets the tokens that cannot extend the text
+towards a match to -inf. The mask depends only on the tokens kept, so whatever leaves a sequence's
+logits bitwise the same leaves its constrained tokens the same too.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """GPT-2's byte-pair encoding, through tiktoken.
 
-GPT-2's two BPE tables (`encoder.json`, `vocab.bpe`, OpenAI's files, MIT-licensed) ship inside the
-package (minigpt/gpt2_bpe/), so tokenizing never needs the network. Hugging Face checkpoints carry
-the same tables as `vocab.json` + `merges.txt` and `MINIGPT_BPE_DIR` can name a folder holding
-either pair; those come first (docs/tokenizer.md). Tables are read here, as the files stand:
-tiktoken's own loader would keep a copy keyed by path in its download cache and never notice a
-changed file.
+GPT-2's BPE tables ship inside the package (minigpt/gpt2_bpe/), so tokenizing never needs the
+network; a checkpoint's or MINIGPT_BPE_DIR's tables come first (docs/tokenizer.md). They are read
+here, as the files stand: tiktoken's loader would cache a copy by path and miss a changed file.
 """
 
 from __future__ import annotations
@@ -54,9 +51,8 @@ def byte_decoder() -> dict[str, int]:
 
 def read_ranks(merges: Path, vocab: Path) -> dict[bytes, int]:
     """token bytes -> id from the vocabulary, checked against the merges (merge i makes token 256 + i)
-    and against what tiktoken needs: ids 0 .. n-1, a token for each of the 256 bytes (without one,
-    tiktoken panics on text holding that byte) at GPT-2's id for it (else bytes are silently swapped),
-    and GPT-2's size (an id it lacks cannot be decoded)."""
+    and against what tiktoken needs: ids 0 .. n-1, each of the 256 bytes at GPT-2's id for it, and
+    GPT-2's size."""
     decode = byte_decoder()
     table = json.loads(vocab.read_text(encoding="utf-8"))
     ranks = {bytes(decode[c] for c in token): rank for token, rank in table.items() if token != ENDOFTEXT}
@@ -123,7 +119,7 @@ def gpt2_tokenizer(directory: str | Path | None = None) -> tiktoken.Encoding:
 
 
 def token_text(tokenizer: tiktoken.Encoding, token: int) -> str:
-    """One token's text on its own (a byte that only begins a character shows as U+FFFD)."""
+    """One token's text on its own (a byte that only begins a character decodes as U+FFFD)."""
     return tokenizer.decode_single_token_bytes(token).decode("utf-8", errors="replace")
 
 
@@ -138,14 +134,9 @@ def no_tokenizer(vocab_size: int) -> str:
 
 
 def encode(tokenizer: tiktoken.Encoding, text: str, *, special_tokens: bool = True) -> list[int]:
-    """Encode text. A literal "<|endoftext|>" in it is the special token 50256, as Hugging Face's
-    GPT-2 tokenizer makes it (documents joined by it read as separate documents); with
-    special_tokens=False it is ordinary text, its 13 characters.
-
-    Undecodable bytes that Python carries as surrogate escapes (a command line's, a file name's)
-    are encoded as themselves, one byte token each, so the ids hold the bytes given. tiktoken alone
-    would turn them into U+FFFD, as it does any other lone surrogate.
-    """
+    """Encode text. A literal "<|endoftext|>" is the special token, as Hugging Face's tokenizer
+    makes it (special_tokens=False: ordinary text). Undecodable bytes carried as surrogate escapes
+    (a command line's) are encoded as themselves, where tiktoken alone would give U+FFFD."""
     if tokenizer is None:  # `model.tokenizer` of a model whose vocabulary is not GPT-2's
         raise TokenizerError("no tokenizer (None): the model's vocabulary is not GPT-2's, so it has no tokenizer "
                              "for text; give it token ids")

@@ -70,13 +70,9 @@ def params_to_tensors(params: GPT2Params) -> dict[str, np.ndarray]:
 
 
 def random_params(config: GPT2Config, seed: int = 0, scale: float = 1.0) -> GPT2Params:
-    """Deterministic random weights drawn as Hugging Face initialises GPT-2, all float32.
-
-    Weights ~ N(0, 0.02) (the residual projections c_proj by 1/sqrt(2 * n_layer) less),
-    LayerNorm gains 1, biases 0; `scale` multiplies everything but the gains (0 gives a zero model).
-    Unlike a fresh Hugging Face model, biases and gains get a little noise so that every
-    parameter matters in the parity tests.
-    """
+    """Deterministic random float32 weights drawn as Hugging Face initialises GPT-2 (N(0, 0.02)),
+    `scale` multiplying all but the gains; biases and gains get a little noise so that every
+    parameter matters in the parity tests."""
     rng = np.random.default_rng(seed)
     std = 0.02 * scale
     proj_std = std / math.sqrt(2 * config.n_layer)

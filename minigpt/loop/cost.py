@@ -88,12 +88,8 @@ class Cost:
 
 
 def token_counts(prompt: int, reply: int) -> tuple[int, int]:
-    """Tokens pushed through the model for P prompt tokens and N >= 1 new ones: (naive loop, KV-cache loop).
-
-    Naive: step n = 0 .. N-1 feeds all P + n tokens so far, P*N + N(N-1)/2. Cached: the prompt once,
-    then every new token but the last, which is returned and never fed back, P + N - 1. Lesson 03-01
-    counts P + N cached tokens (768 for 512 + 256): a loop that also feeds its last token.
-    """
+    """Tokens pushed through the model for P prompt tokens and N >= 1 new ones: (naive loop,
+    KV-cache loop), P*N + N(N-1)/2 and P + N - 1 (docs/staircase.md)."""
     return prompt * reply + reply * (reply - 1) // 2, prompt + reply - 1
 
 

@@ -1,12 +1,8 @@
 """Autoregressive generation, the two loops "The Autoregressive Loop & Cost" compares (source below).
 
-- The naive loop: every step runs gpt2.forward over the whole sequence so far and keeps only the
-  last row of logits. Step n pushes P + n tokens through the model.
-- The KV-cache loop: the prompt is pushed through once (the prefill), then each step feeds only
-  the newest token to kv_cache.forward_cached, which attends to the cached keys and values.
-
-Both drive a `Sequence` (minigpt.loop.sequence), which chooses each token and decides when to stop; the
-public `minigpt.generate` and `minigpt.stream` check a request and run one of these loops.
+The naive loop runs gpt2.forward over the whole sequence at every step (step n pushes P + n
+tokens); the KV-cache loop pushes the prompt once, then only the newest token. Both drive a
+`Sequence`, which chooses each token and decides when to stop.
 
 Source: Inference Engineering (fanout.sh, inference-eng), "The Autoregressive Loop & Cost".
 """

@@ -1,24 +1,12 @@
 """One request being generated: its checked options, its random generator, the tokens it has
 produced with their log-probabilities, and the rules that end it.
 
-Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.loop.loops), and the
-loops of part 6. So they choose, record and stop alike, and a sequence's result does not depend on
-which loop produced it.
-
-A sequence ends at the first of: its end-of-text token (`stop_at_eos`), `max_new_tokens` tokens,
-a stop string in its new text, or a processor saying nothing may follow (a grammar matched whole);
-with `min_tokens`, neither the end-of-text token nor a stop string ends it within its first
-min_tokens tokens (vLLM's rule: the token is banned from being chosen, and a stop string counts only
-when a later token completes it). Stop strings are matched on the UTF-8 bytes of the new tokens, so
-across token boundaries, as OpenAI's API, vLLM, Hugging Face and lm-evaluation-harness do them: the
-text ends immediately before the first stop string (a token that straddles it gives its text before
-the stop), and the tokens run up to and including the one that completed the stop string, each with
-its log-probability. Matching costs time linear in the new bytes, however many bytes are held back
-and however many stop strings there are (`StopMatcher`). Each token's share of the text is final
-once no stop string can begin before its end: `stream` yields it then (docs/sampling.md).
-
-A sequence chooses each token from its row of logits as its request's logits processing leaves it
-(minigpt.loop.processing: bias, penalties, constraints), and reports the log-probabilities of the raw row.
+Every loop drives the same `Sequence`, so all choose, record and stop alike and a result does not
+depend on the loop that produced it. A sequence ends at the first of: its end-of-text token,
+`max_new_tokens` tokens, a stop string in its new text (matched on bytes, across tokens:
+minigpt.loop.stops, docs/sampling.md), or a processor saying nothing may follow; never within its
+first `min_tokens` tokens. It chooses from its row as its logits processing leaves it and reports
+the raw row's log-probabilities.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The cost staircase, measured: the wall time of every generated token, naive loop vs KV cache.
 
-Both loops are minigpt.loop.loops' (`naive_steps`, `cached_steps`, each step timed by its Sequence) on the
-same prompt, greedy and never stopping at <|endoftext|>, so both do exactly N steps. Without the cache step n reruns all
-P + n positions and its time climbs; with it every step after the prefill does the same work.
-`minigpt.loop.cost` gives the predicted ratio next to the measured one; docs/staircase.md explains
-why they differ.
+Both loops run greedy on the same prompt for exactly N steps: without the cache step n reruns all
+P + n positions and its time climbs; with it every step after the prefill does the same work
+(docs/staircase.md compares it with minigpt.loop.cost's prediction).
 
 Source: Inference Engineering (fanout.sh, inference-eng), "The Autoregressive Loop & Cost": the cost staircase.
 """

@@ -29,9 +29,8 @@ from . import scoring
 
 def sequence_and_steps(model: Model, request: Request, use_cache: bool, speculate,
                        draft_tokens: int | None) -> tuple[Sequence, Iterator[None], DraftCounts | None]:
-    """A checked request's sequence, its loop, not yet started (the loop's own keywords checked now,
-    before any work): the naive, cached or speculative steps, each yielding after a model step, with
-    an overflow named by its layer; and, speculating, the counts of its drafts."""
+    """A checked request's sequence, its loop not yet started (naive, cached or speculative, its own
+    keywords checked now), and, speculating, the counts of its drafts."""
     seq = Sequence(request)
     if speculate is not None:
         if not check_bool(use_cache, "use_cache"):
@@ -54,20 +53,10 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
              **options) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` and time each one.
 
-    The request's options are minigpt.loading.options.OPTIONS, each a keyword (docs/api.md):
-    temperature 0 is greedy; otherwise top_k, top_p and a seed shape and fix the sampling
-    (minigpt.loop.sampling); logit_bias and the penalties process the logits first
-    (minigpt.loop.processing). The sequence ends at <|endoftext|> (unless stop_at_eos=False), after
-    max_new_tokens, or at the token completing the first of the `stop` strings in its new text (its
-    `text` ends before the string; docs/sampling.md), neither within its first min_tokens tokens.
-    top_logprobs=N also records the N most likely tokens at each step (N at most
-    minigpt.loop.sampling.MAX_TOP_LOGPROBS). `speculate` ("ngram", a draft Model or a Drafter) checks
-    up to `draft_tokens` (default minigpt.engine.drafters.DRAFT_TOKENS) guessed tokens per step
-    (minigpt.engine.speculative): greedy with the exact kernels, the tokens
-    are plain greedy decoding's (the fast kernels' ULPs may break a near-tie otherwise); sampling,
-    they follow the same distribution, though a seed gives other tokens. on_step(tokens so far,
-    that token's seconds) is called after each token (a progress bar); its own time is not counted
-    in the next token's.
+    The options are minigpt.loading.options.OPTIONS, each a keyword (docs/api.md). `speculate`
+    ("ngram", a draft Model or a Drafter) verifies up to `draft_tokens` guessed tokens per step
+    (minigpt.engine.speculative). on_step(tokens so far, that token's seconds) is called after each
+    token; its own time is not counted in the next token's.
     """
     if on_step is not None and not callable(on_step):
         raise InputError("{on_step} must be a function or None, got {value}", "on_step", value=type(on_step).__name__)
@@ -93,10 +82,9 @@ def generate_request(model: Model, request: Request, *, use_cache: bool = True, 
 @takes_options(batched=False)
 def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True, speculate=None,
            draft_tokens: int | None = None, **options) -> Iterator[StreamedToken]:
-    """Yield the new tokens as they are produced, each with its log-probabilities and the text it adds:
-    `generate`'s keywords (without on_step), checked at the call. A token is held back while its
-    text could still begin a stop string, so that the streamed texts concatenate to generate's `text`
-    and nothing streamed is taken back (docs/sampling.md)."""
+    """Yield the new tokens as they are produced, with `generate`'s keywords (without on_step),
+    checked at the call. A token is held back while its text could still begin a stop string, so
+    the streamed texts concatenate to generate's `text` (docs/sampling.md)."""
     return stream_request(model, make_request(model, prompt_ids, max_new_tokens, **options), use_cache=use_cache,
                           speculate=speculate, draft_tokens=draft_tokens)
 
@@ -122,16 +110,11 @@ def stream_request(model: Model, request: Request, *, use_cache: bool = True, sp
 @takes_options(batched=True)
 def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: int = MAX_BATCH_SIZE,
                    kv_cache_tokens: int | None = None, prefix_cache: bool = True, **options) -> list[EngineResult]:
-    """Generate for every prompt (a list of token-id lists), decoding up to `max_batch_size` of them
-    together, on a one-shot Engine (prompts of one call share their prefixes). Returns the results
-    in prompt order.
+    """Generate for every prompt (a list of token-id lists) on a one-shot Engine, up to
+    `max_batch_size` together; the results in prompt order (docs/batching.md).
 
-    Each request option (generate's but truncate_prompt) is one value for all prompts or a list
-    with one per prompt. An int seed gives every prompt its own generator seeded with it, as if it
-    were generated alone. A step's wall time counts for every token it produced. The keys and
-    values of all sequences share a pool of kv_cache_tokens positions (default: max_batch_size whole
-    contexts); sequences are preempted and recomputed when it runs short (minigpt.engine.scheduler). With the
-    exact kernels, result i equals generate(model, prompts[i], ...) with prompt i's options.
+    Each option is one value for all prompts or a list with one per prompt. With the exact kernels,
+    result i equals generate(model, prompts[i], ...) with prompt i's options.
     """
     n_prompts = len(prompts) if hasattr(prompts, "__len__") else 1
     at_once = min(check_int(max_batch_size, "max_batch_size", 1), max(1, n_prompts))  # all the batch can hold
@@ -143,9 +126,8 @@ def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: 
 
 
 def score(model: Model, ids, stride: int | None = None) -> np.ndarray:
-    """float64 [len(ids) - 1]: log P(ids[i] | ids[:i]) for i = 1 .. len(ids) - 1, in windows of
-    n_positions tokens advancing by `stride` (default n_positions // 2) when the text is longer
-    (minigpt.scripted.scoring)."""
+    """float64 [len(ids) - 1]: log P(ids[i] | ids[:i]), in windows advancing by `stride` (default
+    n_positions // 2) when the text is longer than a context (minigpt.scripted.scoring)."""
     ids = check_ids(ids, check_model(model).config.vocab_size)  # [N]
     if ids.size < 2:
         raise InputError(f"scoring needs at least 2 tokens (the first is only context for the next), got {ids.size}")
@@ -170,9 +152,8 @@ INSPECT_TOKENS = 1024  # the most token ids `inspect` (the command) and /inspect
 
 
 def inspect(model: Model, ids, layers=None, heads=None) -> inspection.Inspection:
-    """inspection.inspect on checked token ids (1 to n_positions of them): one forward kept for a
-    reader, the attention of `heads` of `layers` (None: every one; [] keeps none), its hidden states
-    and the logit lens."""
+    """inspection.inspect on 1 to n_positions checked token ids: the attention of `heads` of
+    `layers` (None: every one; [] keeps none), the hidden states and the logit lens."""
     ids = check_ids(ids, check_model(model).config.vocab_size).tolist()
     if not 1 <= len(ids) <= model.config.n_positions:
         raise ContextLengthError(f"inspect takes 1 to {model.config.n_positions} token ids (n_positions), got {len(ids)}")
@@ -196,9 +177,8 @@ def check_indices(values, name: str, limit: int) -> list[int]:
 
 
 def head_attention(model: Model, ids, layer: int, head: int) -> np.ndarray:
-    """float32 [T, T]: inspect(model, ids).attention[layer, head] for 1 to INSPECT_TOKENS checked
-    token ids (within n_positions), computed at the cost of that one head (inspection.attention):
-    what the server's /inspect answers."""
+    """float32 [T, T]: inspect(model, ids).attention[layer, head], computed at the cost of that one
+    head, for 1 to INSPECT_TOKENS token ids: what the server's /inspect answers."""
     ids = check_ids(ids, check_model(model).config.vocab_size).tolist()
     most = min(model.config.n_positions, INSPECT_TOKENS)
     if not 1 <= len(ids) <= most:

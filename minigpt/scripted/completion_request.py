@@ -2,13 +2,9 @@
 holds minigpt Requests (the answer is shaped by minigpt.scripted.completion_response; minigpt.scripted.serve
 puts both on a socket).
 
-The fields are the declared options' (minigpt.loading.options.OPTIONS: each option's `field`) and
-the API's own (n, best_of, echo, stream, ...). Every option is checked by the library's own checks
-(check_options, request_of), so the server refuses exactly what `minigpt.generate` refuses, with the library's
-message naming the API's fields (max_tokens where the library says max_new_tokens) and the field in
-the error's `param`. A choice is one Request; choice j of a prompt samples with seed + j, so each
-equals `minigpt.generate` with that seed alone. With best_of, candidate j of a prompt samples with
-seed + j, and the n with the highest cumulative log-probability are its choices (docs/serving.md).
+The fields are the declared options' and the API's own (n, best_of, echo, stream, ...), checked by
+the library's own checks, so the server refuses exactly what `minigpt.generate` refuses, naming the
+API's fields. Choice (or best_of candidate) j of a prompt samples with seed + j (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -121,10 +117,9 @@ def parse_json(body: bytes) -> dict:
 
 
 def completion_request(model: Model, served_name: str, body: dict, capacity: int) -> CompletionRequest:
-    """A completions body checked before any work (APIError naming the field), with OpenAI's defaults:
-    max_tokens 16, temperature 1, n 1, best_of n, and a seed drawn from the system's randomness when
-    none is given. More candidates than `capacity` (what the server can ever hold in flight) is a 400,
-    counted before any prompt is encoded."""
+    """A completions body checked before any work (APIError naming the field), with OpenAI's
+    defaults and a random seed when none is given; more candidates than `capacity` (what the server
+    can ever hold in flight) is a 400, counted before any prompt is encoded."""
     unknown = [key for key in body if key not in FIELDS]
     if unknown:
         raise APIError(f"Unrecognized request argument supplied: {unknown[0]}", unknown[0])

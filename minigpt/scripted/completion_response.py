@@ -47,7 +47,7 @@ class TextOffsets:
 
 def top_dict(tokenizer, request: CompletionRequest, step: list[tuple[int, float]]) -> dict[str, float]:
     """The most likely tokens as OpenAI gives them, name -> logprob, most likely first (two tokens
-    with one text, such as two bytes shown as U+FFFD, keep the likelier)."""
+    with one text, such as two bytes decoded as U+FFFD, keep the likelier)."""
     top: dict[str, float] = {}
     for token, logprob in step:
         top.setdefault(request.token_name(tokenizer, token), logprob)

@@ -1,14 +1,9 @@
 """The engine thread: the one thread that drives a shared Engine while requests come and go.
 
-An Engine is driven from one thread at a time (EngineBusyError otherwise), and a server's requests
-arrive on another, each whenever its client sends it. So one thread owns the Engine: requests are
-handed to it as Tickets through a deque (from any thread), it submits them, cancels those whose
-client left, runs `step()` in a loop (continuous batching over everything in flight) and after each
-step hands every choice that progressed an Update through its ticket's callback: its newly released
-tokens, or its result. A choice whose weights overflow or whose processing gives up fails alone;
-an error of the step itself fails that step's choices and is logged; the loop goes on. The HTTP
-side that feeds it is minigpt.scripted.serve (docs/serving.md), which prepares each request off its
-event loop first (`Preparation`: a thread each, given up when the server stops).
+An Engine is driven from one thread at a time, and a server's requests arrive on others: requests
+are handed to this thread as Tickets through a deque; it submits them, cancels those whose client
+left, runs `step()` in a loop, and hands each choice that progressed an Update (new tokens, or its
+result). A choice that fails, fails alone; the loop goes on (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -206,10 +201,8 @@ def shutting_down() -> APIError:
 
 class Preparation:
     """What the HTTP side does before a request reaches the engine thread (a body checked, a
-    constraint compiled, /inspect's forward), off the event loop: each on a daemon thread of its
-    own, at most PREPARING at once. Once the server stops (`stop`) a preparation not done is answered
-    503; its thread goes on to the end of its work (bounded by the limits), unread, and the process
-    exits without waiting for it."""
+    constraint compiled, /inspect's forward), off the event loop, each on a daemon thread, at most
+    PREPARING at once; once the server stops, one not done is answered 503 and left unread."""
 
     def __init__(self):
         self.stopped = asyncio.Event()

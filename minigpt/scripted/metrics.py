@@ -1,10 +1,8 @@
 """`/metrics`: the server's engine in Prometheus' text format, with prometheus_client (the client vLLM
 uses) and vLLM's metric names under a `minigpt:` prefix, each labelled with the served model's name.
 
-Gauges are read from the Engine when scraped (requests running and waiting, the page pool); counters
-and histograms are fed by the engine thread as choices progress: prompt and generated tokens, the
-prefix cache's queries and hits (in tokens, as vLLM counts them), preemptions, choices finished by
-reason, the time to a choice's first token and the time between its tokens (docs/serving.md lists them).
+Gauges are read from the Engine when scraped; counters and histograms are fed by the engine thread
+as choices progress (docs/serving.md lists them).
 """
 
 from __future__ import annotations

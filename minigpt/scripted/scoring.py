@@ -1,14 +1,8 @@
 """Scoring a given text: the log-probability the model gives each of its tokens, and so its
-perplexity.
-
-A forward over n_positions tokens predicts n_positions tokens (its last row predicts the token
-after it), so a text of up to n_positions + 1 tokens is one window. A longer one is scored in
-windows that each feed n_positions tokens: the first scores tokens 1 .. n_positions, each next one
-the `stride` tokens after those already scored, with the n_positions tokens before its last one as
-its input (so the last window reaches back for a whole context). Every token is scored once; with
-stride = n_positions these are lm-evaluation-harness's rolling windows (docs/sampling.md). Each row
-of logits becomes a log-probability by the function `generate` uses for its new tokens, so with the
-exact kernels the two agree bit for bit.
+perplexity. A text longer than n_positions + 1 tokens is scored in windows of n_positions tokens,
+each scoring the `stride` tokens after those already scored (lm-evaluation-harness's rolling windows
+at stride = n_positions; docs/sampling.md). A row's log-probability is computed as `generate`
+computes its new tokens', so with the exact kernels the two agree bit for bit.
 """
 
 from __future__ import annotations
@@ -21,9 +15,7 @@ from ..loop.sequence import check_finite
 
 
 def score(gpt: GPT2, ids: np.ndarray, stride: int) -> np.ndarray:
-    """float64 [len(ids) - 1]: log P(ids[i] | ids[:i]) for i = 1 .. len(ids) - 1 (ids: at least 2), in
-    windows of n_positions tokens scoring `stride` new tokens each when the text is longer than
-    n_positions + 1 tokens (see the module docstring)."""
+    """float64 [len(ids) - 1]: log P(ids[i] | ids[:i]) for ids of at least 2 tokens."""
     n_positions = gpt.config.n_positions
     logprobs = np.empty(ids.size - 1)
     first, last = 1, min(n_positions, ids.size - 1)  # the window's first and last token to score

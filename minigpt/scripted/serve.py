@@ -1,12 +1,8 @@
 """`python -m minigpt serve`'s routes: OpenAI's completions API over HTTP, on one Engine that every request shares.
 
-Two sides, two threads. The engine thread (minigpt.scripted.engine_thread) alone drives the Engine.
-The HTTP side (Starlette on uvicorn's event loop) only checks a body (minigpt.scripted.completion_request),
-hands its choices to the engine thread as Tickets, and writes the Updates it gets back as one JSON
-answer or as server-sent events. With the exact kernels every answer is bitwise `minigpt.generate`'s
-for that prompt alone (docs/serving.md explains why and how the tests check it).
-
-Needs the `serve` extra (starlette, uvicorn); minigpt.scripted.http_server runs the routes on uvicorn.
+The HTTP side (Starlette) checks a body, hands its choices to the engine thread
+(minigpt.scripted.engine_thread) as Tickets, and writes the Updates back as JSON or server-sent
+events; with the exact kernels each answer is bitwise `minigpt.generate`'s alone (docs/serving.md).
 """
 
 from __future__ import annotations

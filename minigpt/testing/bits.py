@@ -1,8 +1,7 @@
 """The bit oracle: two results equal bit for bit, or the first difference named.
 
-It shares no code with minigpt.exact.causal_proof's comparisons, which are part of what is tested (as
-llm.c's test_gpt2.c checks with its own check_tensor). Bit patterns, not ==: == calls -0.0 and
-+0.0 equal and a NaN unequal to itself.
+It shares no code with causal_proof's comparisons, which it tests (as llm.c's check_tensor). Bit
+patterns, not ==: == calls -0.0 and +0.0 equal and a NaN unequal to itself.
 """
 
 from __future__ import annotations
@@ -76,11 +75,9 @@ def _difference(a: object, b: object, path: str) -> str | None:
 
 
 def assert_bitwise(a: object, b: object, what: str = "value") -> None:
-    """a and b are the same bits: arrays (dtype, shape and every element's bit pattern), lists of
-    token ids or of log-probabilities, dicts, GenerationResults (their content: prompt, tokens,
-    text, log-probabilities, finish reason; not timings or counters), nested as they come. Else an
-    AssertionError naming the first difference: where (`what`, then the field, token or row and
-    element), both values and their bit patterns."""
+    """a and b are the same bits: arrays (dtype, shape, every element's bit pattern), lists, dicts
+    and GenerationResults' content (not timings or counters), nested as they come; else an
+    AssertionError naming the first difference, both values and their bit patterns."""
     found = _difference(a, b, what)
     if found:
         raise AssertionError(found)

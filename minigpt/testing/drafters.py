@@ -1,8 +1,6 @@
 """check_drafter: the drafter contract (minigpt.engine.drafters) as properties, for a drafter of
-one's own: every proposal for any context, k and sampling options is at most k token ids of the
-model's vocabulary with None or their probabilities q (check_proposal's rules), and greedy
-speculative decoding with it gives bitwise the tokens and log-probabilities of plain greedy decoding,
-whatever it guesses and whatever logits processing the request asks for.
+one's own: every proposal passes check_proposal's rules, and greedy speculative decoding with it
+gives bitwise plain greedy decoding's tokens and log-probabilities, whatever logits processing.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ A kernel set is exact when a row's output bits depend on that row alone (docs/ex
 - not on the BLAS thread count: the same call at OpenBLAS's count and at one thread, on weights large
   enough for OpenBLAS to split a product between its threads;
 - not on the kernels' cut of the weights (minigpt.exact.tuning): the same call under two cuts.
-Each property draws shapes and a seed (the arrays come from the seed), so that the falsifying
-example reads as a few numbers, and assert_bitwise names the first row and element that moved.
+Each property draws shapes and a seed, so that a falsifying example reads as a few numbers.
 """
 
 from __future__ import annotations
@@ -68,11 +67,9 @@ def blas_threads(n: int) -> Iterator[None]:
 
 
 def check_kernels(kernels: Kernels, max_examples: int = 50) -> None:
-    """Return quietly if `kernels` keeps every row's bits whatever else is computed, however the
-    prompt is chunked, at any BLAS thread count and under any cut of the weights; else raise the
-    AssertionError of the first property that fails, with Hypothesis' falsifying example (shrunk)
-    in its notes. The thread property runs where NumPy's BLAS is an OpenBLAS (else it is skipped,
-    with a warning). `max_examples` examples for each property."""
+    """Return quietly if `kernels` has the module's four properties (`max_examples` examples each; the
+    thread property only on OpenBLAS, else skipped with a warning); else raise the first failure's
+    AssertionError, with Hypothesis' shrunk falsifying example in its notes."""
     run = settings(max_examples=max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
     @run

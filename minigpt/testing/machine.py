@@ -3,12 +3,9 @@ at random on one Engine whose pool is from the smallest that fits the largest re
 evicts, preempts, readmits with prefix hits, and takes prompts that are exact page multiples or
 wholly cached (the cases of nano-vllm's issues #144, #211 and #233).
 
-After every rule the pool and the jobs are checked against what they must be: free + held + cached
-pages are all the pages, each once; a page's reference count is its holders'; a cached page's hash
-is its whole prefix's and its keys and values are that prefix's, as are every running sequence's; no
-job is lost or doubled and each one's state and counts agree. When a job ends, its tokens and
-log-probabilities (and prompt log-probabilities) are bitwise its run alone; a cancelled job's are a
-prefix of them. docs/testing.md shows how to run it against a model of one's own.
+After every rule the pool's pages and the jobs are checked whole (each page once, its count its
+holders', a cached page's keys its prefix's), and an ended job's tokens and log-probabilities are
+bitwise its run alone (a cancelled job's, a prefix of them). docs/testing.md shows how to run it.
 """
 
 from __future__ import annotations
@@ -64,10 +61,8 @@ class Shown:
 
 class EngineMachine(RuleBasedStateMachine):
     """The Engine as a state machine; `EngineMachine.TestCase` runs it under pytest or unittest. A
-    subclass sets what it runs on: `model` (a Model with the exact kernels, or a strategy of them),
-    `max_batch_sizes` and `spare_pages` (strategies; the pool has the pages of the largest request
-    plus these), `max_jobs` (requests per run) and `constrained` (constraints among the options:
-    llguidance and a model with GPT-2's vocabulary)."""
+    subclass sets `model` (a Model with the exact kernels, or a strategy of them), `max_batch_sizes`
+    and `spare_pages` (strategies: pages beyond the largest request's), `max_jobs` and `constrained`."""
 
     model: Model | st.SearchStrategy = models(min_positions=2 * PAGE + 1)
     max_batch_sizes: st.SearchStrategy = st.integers(1, 4)

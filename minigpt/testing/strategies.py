@@ -2,10 +2,8 @@
 token ids, prompts, and requests' options drawn from their one declaration (minigpt.loading.options),
 constraints included.
 
-Configurations: 1-3 layers, 1-4 heads, head_dim 1-16, vocabularies of 2-64 tokens, n_positions
-up to 64 (so that sequences cross the exact attention kernel's PAGE of 16). Weights come at
-several scales: all zero (every tensor, LayerNorm gains included), Hugging Face's initialisation
-(std 0.02), 30x that (sharp attention), and 1000x (std 20: saturated softmax and GELU).
+Weights come at several scales, from all zero to saturated softmax and GELU; sequences cross the
+exact attention kernel's pages.
 """
 
 from __future__ import annotations
@@ -191,10 +189,9 @@ def knows_text(model: Model) -> bool:
 
 @st.composite
 def options(draw, model: Model, max_new_tokens: int, constrained: bool = False) -> dict:
-    """Some of a request's batched options (minigpt.loading.options.OPTIONS, every one of which is
-    drawn here but max_new_tokens, the caller's, and truncate_prompt, one prompt's alone), each within
-    its declared bounds: sampling, the logits processing, stop_at_eos, top_logprobs, and with a text
-    model stop strings and (constrained: llguidance installed) at most one constraint."""
+    """Some of a request's batched options, each within its declared bounds: every one but
+    max_new_tokens (the caller's), stop strings with a text model and at most one constraint when
+    `constrained` (llguidance installed)."""
     drawn = {**draw(sampling, label="sampling"), **draw(controls(model.config.vocab_size, max_new_tokens))}
     drawn.update(draw(st.fixed_dictionaries({}, optional={
         "stop_at_eos": st.booleans(), "top_logprobs": st.integers(0, MAX_TOP_LOGPROBS),
