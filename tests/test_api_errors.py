@@ -38,7 +38,7 @@ import minigpt.exact.batched
 import minigpt.exact.tracing
 from minigpt.engine.paging import PagedCache, PagePool
 from minigpt.gpt2.config import GPT2Config
-from minigpt.scripted.api import prove
+from minigpt.api.api import prove
 from minigpt.errors import (CheckpointError, ContextLengthError, InputError, MinigptError, ModelNotFoundError,
                             NumericalError, OfflineError, TokenizerError)
 from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params

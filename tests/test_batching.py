@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import minigpt
-import minigpt.scripted.api
+import minigpt.api.api
 from minigpt.engine.engine import Engine
-from minigpt.scripted.api import generate_batch
-from minigpt.loading.requests import make_requests
+from minigpt.api.api import generate_batch
+from minigpt.requests.request import make_requests
 from minigpt.errors import ContextLengthError, InputError
 from minigpt.exact.attention import PAGE
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minigpt.scripted.api import prove
+from minigpt.api.api import prove
 from minigpt.exact.causal_proof import COLUMNS, compare
 from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.cli import main

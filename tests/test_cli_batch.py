@@ -24,7 +24,7 @@ import pytest
 from commands import batch, environment, write_lines
 
 import minigpt
-import minigpt.scripted.api
+import minigpt.api.api
 import minigpt.cli.batch
 import minigpt.engine.scheduler
 from minigpt.loading.checkpoint_writer import save_checkpoint
@@ -74,10 +74,10 @@ def assert_same(output: dict, result: minigpt.GenerationResult) -> None:
 def test_lines_come_out_in_input_order_although_later_ones_finish_first(capsys, tmp_path, small, small_model):
     lines = [{"prompt_ids": [1, 2, 3], "max_new_tokens": 12}, {"prompt_ids": [4], "max_new_tokens": 2},
              {"prompt_ids": [5, 6], "max_new_tokens": 6}]
-    requests = minigpt.loading.requests.make_requests(small_model, [line["prompt_ids"] for line in lines], dict(
+    requests = minigpt.requests.request.make_requests(small_model, [line["prompt_ids"] for line in lines], dict(
         max_new_tokens=[line["max_new_tokens"] for line in lines], temperature=0.0, top_k=None, top_p=None,
         seed=None, stop=None, stop_at_eos=True, top_logprobs=0))
-    engine = minigpt.scripted.api.Engine(small_model, max_batch_size=16)
+    engine = minigpt.api.api.Engine(small_model, max_batch_size=16)
     assert [i for i, _ in engine.results(requests, [False] * 3)] == [1, 2, 0]  # the premise
     code, outputs, err = batch(capsys, tmp_path, lines, small)
     assert code == 0, err
@@ -129,14 +129,14 @@ def test_a_tight_pool_preempts_and_every_line_still_gets_its_tokens_alone(capsys
 
 
 def test_each_line_is_written_as_soon_as_it_and_every_line_before_it_are_done(capsys, tmp_path, small, monkeypatch):
-    target, real_run, seen = tmp_path / "out.jsonl", minigpt.scripted.api.Engine.results, []
+    target, real_run, seen = tmp_path / "out.jsonl", minigpt.api.api.Engine.results, []
 
     def spy(*args, **kwargs):
         for i, result in real_run(*args, **kwargs):
             yield i, result
             seen.append((i, len(target.read_text().splitlines())))  # resumed: the CLI has handled result i
 
-    monkeypatch.setattr(minigpt.scripted.api.Engine, "results", spy)
+    monkeypatch.setattr(minigpt.api.api.Engine, "results", spy)
     lengths = [9, 3, 1, 6]
     code, outputs, err = batch(capsys, tmp_path, [{"prompt_ids": [1], "max_new_tokens": n} for n in lengths], small)
     assert code == 0, err

@@ -9,7 +9,7 @@ import pytest
 from commands import run
 
 from minigpt.cli.flags import MAX_CONSTRAINT_FILE_BYTES
-from minigpt.loading.structured import MAX_CONSTRAINT_CHARS
+from minigpt.requests.structured import MAX_CONSTRAINT_CHARS
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from serving import model, served  # noqa: F401 (fixtures)
 import minigpt
 from minigpt.engine.engine import Engine
 from minigpt.errors import InputError
-from minigpt.loading.requests import make_requests
-from minigpt.loading import structured
-from minigpt.loading.structured import MAX_CONSTRAINT_CHARS, MAX_REPETITION, compile_constraint
+from minigpt.requests.request import make_requests
+from minigpt.requests import structured
+from minigpt.requests.structured import MAX_CONSTRAINT_CHARS, MAX_REPETITION, compile_constraint
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 

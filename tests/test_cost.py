@@ -18,7 +18,7 @@ from minigpt.loop.loops import cached_steps, naive_steps
 from minigpt.cache.kv_cache import new_cache
 from minigpt.engine.paging import PagePool
 from minigpt.loading.weights import random_params
-from minigpt.loading.requests import make_request
+from minigpt.requests.request import make_request
 from minigpt.loop.sequence import Sequence
 
 GPT2 = ARCHITECTURES["gpt2"]

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import minigpt
-from minigpt.loading.requests import make_request
+from minigpt.requests.request import make_request
 from minigpt.errors import InputError
 
 PREFIX = list(range(1000, 1048))  # three full pages

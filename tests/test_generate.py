@@ -10,7 +10,7 @@ import pytest
 import minigpt
 from minigpt.gpt2.config import GPT2Config
 from minigpt.loop.loops import cached_steps, naive_steps
-from minigpt.loading.requests import make_request
+from minigpt.requests.request import make_request
 from minigpt.loop.sequence import Sequence
 from minigpt.loading.model import Model
 from minigpt.loading.weights import random_params

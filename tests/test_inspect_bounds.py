@@ -21,8 +21,8 @@ import minigpt
 from minigpt.cli import inspect as inspect_command
 from minigpt.cli import pictures
 from minigpt.errors import ContextLengthError
-from minigpt.exact import inspection
-from minigpt.scripted import api
+from minigpt.api import inspection
+from minigpt.api import api
 
 IDS = [464, 3290, 4966, 284, 262, 3952, 290, 788, 13, 198, 464]
 
@@ -58,7 +58,7 @@ def test_the_server_s_inspect_computes_one_request_at_a_time_and_answers_a_429_b
         tiny_model, monkeypatch):
     pytest.importorskip("starlette", reason="the serve extra is not installed (pip install -e '.[serve]')")
     from serving import post, running_server
-    from minigpt.scripted import page
+    from minigpt.server import page
     computing, most, release = [0], [0], threading.Event()
     lock = threading.Lock()
 

@@ -15,7 +15,7 @@ from checkpoints import with_huge_position
 
 import minigpt
 from minigpt.errors import InputError, NumericalError
-from minigpt.loading.requests import make_request
+from minigpt.requests.request import make_request
 
 
 @pytest.fixture(scope="module")

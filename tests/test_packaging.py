@@ -23,6 +23,6 @@ def test_setup_cfg_ships_gpt2s_bpe_tables_their_licence_and_the_page(monkeypatch
     monkeypatch.chdir(ROOT)
     shipped = set(setupcfg.read_configuration("setup.cfg")["options"]["package_data"]["minigpt"])
     assert shipped == {"gpt2_bpe/encoder.json", "gpt2_bpe/vocab.bpe", "gpt2_bpe/LICENSE", "gpt2_bpe/README.md",
-                       "scripted/page/*"}
-    assert all((ROOT / "minigpt" / name).is_file() for name in shipped - {"scripted/page/*"})
-    assert {p.name for p in (ROOT / "minigpt" / "scripted" / "page").iterdir()} == {"index.html", "page.css", "page.js"}
+                       "server/page/*"}
+    assert all((ROOT / "minigpt" / name).is_file() for name in shipped - {"server/page/*"})
+    assert {p.name for p in (ROOT / "minigpt" / "server" / "page").iterdir()} == {"index.html", "page.css", "page.js"}

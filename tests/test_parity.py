@@ -31,7 +31,7 @@ from minigpt.gpt2.config import GPT2_SIZES
 from minigpt.loop.loops import cached_steps, naive_steps
 from minigpt.loading.weights import random_params
 from minigpt.loading.safetensors_format import read_header
-from minigpt.loading.requests import make_request
+from minigpt.requests.request import make_request
 from minigpt.loop.sequence import Sequence
 
 def logit_error(ours: np.ndarray, reference: np.ndarray) -> float:

@@ -17,7 +17,7 @@ import pytest
 from parity import FIXTURE_DIRS, KERNELS, LAYOUTS, LIVE_CONFIG, TOLERANCE, make_fixtures
 
 import minigpt
-import minigpt.scripted.scoring
+import minigpt.api.scoring
 from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.gpt2.config import GPT2Config
 from minigpt.errors import InputError
@@ -159,9 +159,9 @@ def test_a_text_of_n_positions_plus_one_tokens_is_one_full_window_in_transformer
     ids = np.random.default_rng(10).integers(0, LIVE_CONFIG.vocab_size, LIVE_CONFIG.n_positions + 1)
     logits = make_fixtures.hf_reference(tmp_path, ids[:-1], 1)["logits"]  # [48, vocab]
     reference = torch.from_numpy(logits).log_softmax(-1).numpy()[np.arange(len(ids) - 1), ids[1:]]
-    model, fed, forward = minigpt.load(tmp_path), [], minigpt.scripted.scoring.forward
+    model, fed, forward = minigpt.load(tmp_path), [], minigpt.api.scoring.forward
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(minigpt.scripted.scoring, "forward",
+        mp.setattr(minigpt.api.scoring, "forward",
                    lambda gpt, ids, *a, **kw: fed.append(len(ids)) or forward(gpt, ids, *a, **kw))
         ours = minigpt.score(model, ids)
     error = score_error(ours, reference, logits)

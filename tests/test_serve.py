@@ -332,9 +332,9 @@ def test_a_failed_step_still_answers_a_request_that_left_the_engine_at_its_start
     """A request with nothing to generate leaves the engine at the start of a step that then fails
     for another request: it gets its answer, the other its error, and the engine thread goes idle
     and stops (no ticket left behind, no step after step with nothing to do)."""
-    from minigpt.loading.requests import make_request
-    from minigpt.scripted.engine_thread import EngineThread, Ticket
-    from minigpt.scripted.metrics import Metrics
+    from minigpt.requests.request import make_request
+    from minigpt.server.engine_thread import EngineThread, Ticket
+    from minigpt.server.metrics import Metrics
 
     fail_steps_feeding(7777, monkeypatch)
     updates = {}

@@ -23,7 +23,7 @@ from checkpoints import with_huge_position
 
 import minigpt
 from minigpt.engine import scheduler as engine_module
-from minigpt.scripted import completion_request, http_server, serve
+from minigpt.server import completion_request, http_server, serve
 
 
 @pytest.fixture(scope="module")

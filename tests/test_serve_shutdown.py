@@ -17,7 +17,7 @@ import pytest
 
 from serving import HOST
 
-from minigpt.scripted import serve
+from minigpt.server import serve
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 
@@ -25,8 +25,8 @@ pytest.importorskip("llguidance", reason="the structured extra (llguidance) is n
 # constraint and /inspect's forward take a minute, however fast the machine.
 SLOW = """
 import time
-import minigpt.loading.requests
-import minigpt.scripted.page
+import minigpt.requests.request
+import minigpt.server.page
 
 def slowly(work):
     def slow(*args, **kwargs):
@@ -34,8 +34,8 @@ def slowly(work):
         return work(*args, **kwargs)
     return slow
 
-minigpt.loading.requests.compile_constraint = slowly(minigpt.loading.requests.compile_constraint)
-minigpt.scripted.page.inspected = slowly(minigpt.scripted.page.inspected)
+minigpt.requests.request.compile_constraint = slowly(minigpt.requests.request.compile_constraint)
+minigpt.server.page.inspected = slowly(minigpt.server.page.inspected)
 """
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from minigpt.cli import main
 from minigpt.errors import MinigptError
-from minigpt.scripted.api import generate
+from minigpt.api.api import generate
 from minigpt.gpt2.params import LayerNorm
 from minigpt.cli.pictures import staircase as plot
 from minigpt.loop.staircase import MODES, measure

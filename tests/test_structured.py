@@ -1,4 +1,4 @@
-"""minigpt.loading.structured alone: compiling each kind of constraint, the masks it gives
+"""minigpt.requests.structured alone: compiling each kind of constraint, the masks it gives
 (checked against Python's own matching of every token's bytes), completion, and the
 errors that name the option."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from minigpt.errors import InputError, MinigptError
-from minigpt.loading.structured import compile_constraint, one_constraint
+from minigpt.requests.structured import compile_constraint, one_constraint
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 

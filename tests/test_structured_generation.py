@@ -18,7 +18,7 @@ from minigpt.errors import InputError
 from minigpt.engine.speculative import verify
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
-from minigpt.loading.requests import make_request
+from minigpt.requests.request import make_request
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 

@@ -1,6 +1,6 @@
 """`serve`: OpenAI's completions API on 127.0.0.1 (by default), every answer bitwise its solo generation.
 
-The server itself is minigpt.scripted.serve; this module parses the options, loads the model, binds the
+The server itself is minigpt.server.serve; this module parses the options, loads the model, binds the
 port and runs it until SIGINT or SIGTERM (exit 0).
 """
 
@@ -59,7 +59,7 @@ def check_pool(config: GPT2Config, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from ..scripted import http_server, serve
+        from ..server import http_server, serve
     except ImportError as e:
         raise MinigptError(f"serve needs the serve extra ({e.name} is not installed): "
                            "pip install 'minigpt[serve]'") from None

@@ -1,7 +1,7 @@
 """The Engine: a page pool and a continuous-batching scheduler that last across calls, driven by one
 thread at a time, which takes a batch of prompts and returns each one's result as if it ran alone
 (docs/batching.md, docs/prefix-cache.md). generate_batch runs one; the server shares one
-(minigpt.scripted.engine_thread).
+(minigpt.server.engine_thread).
 
 A step is nano-vllm's LLMEngine.step: the scheduler chooses the jobs (minigpt.engine.scheduler),
 the model runs once over all of them (minigpt.exact.batched), and what it computed is recorded
@@ -21,8 +21,8 @@ import numpy as np
 from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int
 from ..exact.batched import forward_batch
 from ..loading.model import Model, check_model, with_layer
-from ..loading.options import takes_options
-from ..loading.requests import make_requests
+from ..requests.options import takes_options
+from ..requests.request import make_requests
 from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
 from ..loop.sequence import Request, Sequence, check_finite
 from .paging import PAGE, PagePool, PageScores, PrefixEntry, chained_hashes, page_hash, page_tokens, pages_for

@@ -27,7 +27,7 @@ loops keep two rules that make processing exact:
 - Processing is applied to what chooses the token only. The log-probabilities a sequence reports
   are the raw row's (vLLM's default): a bias, a penalty or a mask never changes them.
 
-Part 6's loops keep them too (speculative decoding, preemption, the prefix cache), so that with the
+Part 7's loops keep them too (speculative decoding, preemption, the prefix cache), so that with the
 exact kernels a processed request gets the same tokens there as alone (docs/logits-processing.md).
 """
 

@@ -2,7 +2,7 @@
 produced with their log-probabilities, and the rules that end it.
 
 Every loop drives the same `Sequence`: the naive and the cached loop (minigpt.loop.loops), and the
-loops of part 6. So they choose, record and stop alike, and a sequence's result does not depend on
+loops of part 7. So they choose, record and stop alike, and a sequence's result does not depend on
 which loop produced it.
 
 A sequence ends at the first of: its end-of-text token (`stop_at_eos`), `max_new_tokens` tokens,
@@ -37,7 +37,7 @@ from .stops import StopMatcher
 
 @dataclass(frozen=True)
 class Request:
-    """A generation request, checked (minigpt.loading.requests.make_request): the prompt as fed and every option."""
+    """A generation request, checked (minigpt.requests.request.make_request): the prompt as fed and every option."""
 
     prompt: tuple[int, ...]  # as fed to the model (an empty prompt becomes (<|endoftext|>,))
     max_new_tokens: int
@@ -156,7 +156,7 @@ class Sequence:
     @property
     def ready(self) -> bool:
         """Its next row can be processed at once: no processor has work to do first (a grammar's mask
-        to compute, which part 6's engine does on a thread of its own)."""
+        to compute, which part 7's engine does on a thread of its own)."""
         return all(getattr(processor, "ready", True) for processor in self.processors)
 
     def prepare(self) -> None:

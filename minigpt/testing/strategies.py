@@ -1,5 +1,5 @@
 """Hypothesis strategies: small random GPT-2s, in memory or written as Hugging Face checkpoints,
-token ids, prompts, and requests' options drawn from their one declaration (minigpt.loading.options),
+token ids, prompts, and requests' options drawn from their one declaration (minigpt.requests.options),
 constraints included.
 
 Configurations: 1-3 layers, 1-4 heads, head_dim 1-16, vocabularies of 2-64 tokens, n_positions
@@ -26,7 +26,7 @@ from ..exact.causal_proof import record_forward
 from ..exact.kernels import EXACT, BatchKernels
 from ..loading.checkpoint_writer import save_checkpoint
 from ..loading.model import Model
-from ..loading.options import MAX_BIAS, MAX_PENALTY, OPTIONS
+from ..requests.options import MAX_BIAS, MAX_PENALTY, OPTIONS
 from ..loading.safetensors_format import ENCODINGS
 from ..loading.tokenizer import gpt2_tokenizer
 from ..loading.weights import expected_shapes, params_from_tensors, random_params
@@ -191,7 +191,7 @@ def knows_text(model: Model) -> bool:
 
 @st.composite
 def options(draw, model: Model, max_new_tokens: int, constrained: bool = False) -> dict:
-    """Some of a request's batched options (minigpt.loading.options.OPTIONS, every one of which is
+    """Some of a request's batched options (minigpt.requests.options.OPTIONS, every one of which is
     drawn here but max_new_tokens, the caller's, and truncate_prompt, one prompt's alone), each within
     its declared bounds: sampling, the logits processing, stop_at_eos, top_logprobs, and with a text
     model stop strings and (constrained: llguidance installed) at most one constraint."""

@@ -7,7 +7,7 @@ client left, runs `step()` in a loop (continuous batching over everything in fli
 step hands every choice that progressed an Update through its ticket's callback: its newly released
 tokens, or its result. A choice whose weights overflow or whose processing gives up fails alone;
 an error of the step itself fails that step's choices and is logged; the loop goes on. The HTTP
-side that feeds it is minigpt.scripted.serve (docs/serving.md), which prepares each request off its
+side that feeds it is minigpt.server.serve (docs/serving.md), which prepares each request off its
 event loop first (`Preparation`: a thread each, given up when the server stops).
 """
 
@@ -31,7 +31,7 @@ from ..errors import NumericalError
 from ..loading.model import overflow_named_by_layer
 from ..loop.sequence import GenerationResult, Request, StreamedToken
 
-log = logging.getLogger("minigpt.scripted.engine_thread")
+log = logging.getLogger("minigpt.server.engine_thread")
 IDLE_POLL_SECONDS = 0.5  # an idle engine thread wakes this often to see whether it should stop
 PREPARING = 40  # requests prepared at once (each on a thread), as many as Starlette's worker threads
 

@@ -64,7 +64,7 @@ def ll_tokenizer(tokenizer: tiktoken.Encoding, kind: str):
 
 
 def check_value(kind: str):
-    """The check of option `kind`'s value (minigpt.loading.options), its type only, no llguidance:
+    """The check of option `kind`'s value (minigpt.requests.options), its type only, no llguidance:
     None, or a regex or grammar as a string, a JSON schema as an object or its JSON text (parsed
     here), a choice as a non-empty list of strings (a tuple)."""
     def check(value: object, name: str) -> object:

@@ -1,4 +1,4 @@
-"""The HTTP server's plumbing: uvicorn run on a bound socket for minigpt.scripted.serve's routes, with
+"""The HTTP server's plumbing: uvicorn run on a bound socket for minigpt.server.serve's routes, with
 a deadline on a connection's headers and a shutdown that answers the requests still running."""
 
 from __future__ import annotations

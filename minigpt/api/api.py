@@ -1,6 +1,6 @@
 """The public functions scripts call: generate, stream, generate_batch, score, prove, inspect. Each checks
-what it is given (minigpt.loading), then runs the loops that assume checked input (minigpt.loop.loops,
-minigpt.engine.speculative, minigpt.engine.engine) and minigpt.scripted.scoring, an overflow named by its layer.
+what it is given (minigpt.loading, minigpt.requests), then runs the loops that assume checked input (minigpt.loop.loops,
+minigpt.engine.speculative, minigpt.engine.engine) and minigpt.api.scoring, an overflow named by its layer.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import numpy as np
 from ..errors import ContextLengthError, InputError, check_bool, check_int, shown
 from ..loop.loops import cached_steps, naive_steps
 from ..loop.sequence import GenerationResult, Request, Sequence, StreamedToken, check_finite
-from ..exact import causal_proof, inspection
+from ..exact import causal_proof
 from ..loading.checks import check_ids, check_stride, prepare_prompt
 from ..loading.model import Model, check_model, overflow_named_by_layer, steps_overflow_named
-from ..loading.options import takes_options
-from ..loading.requests import make_request
+from ..requests.options import takes_options
+from ..requests.request import make_request
 from ..engine.drafters import check_speculation
 from ..engine.speculative import DraftCounts, SpeculativeResult, speculative_steps
 from ..engine.engine import MAX_BATCH_SIZE, Engine
 from ..engine.scheduler import EngineResult
-from . import scoring
+from . import inspection, scoring
 
 
 # ------------------------------------------------------------------------------ generation
@@ -54,7 +54,7 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
              **options) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` and time each one.
 
-    The request's options are minigpt.loading.options.OPTIONS, each a keyword (docs/api.md):
+    The request's options are minigpt.requests.options.OPTIONS, each a keyword (docs/api.md):
     temperature 0 is greedy; otherwise top_k, top_p and a seed shape and fix the sampling
     (minigpt.loop.sampling); logit_bias and the penalties process the logits first
     (minigpt.loop.processing). The sequence ends at <|endoftext|> (unless stop_at_eos=False), after
@@ -145,7 +145,7 @@ def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: 
 def score(model: Model, ids, stride: int | None = None) -> np.ndarray:
     """float64 [len(ids) - 1]: log P(ids[i] | ids[:i]) for i = 1 .. len(ids) - 1, in windows of
     n_positions tokens advancing by `stride` (default n_positions // 2) when the text is longer
-    (minigpt.scripted.scoring)."""
+    (minigpt.api.scoring)."""
     ids = check_ids(ids, check_model(model).config.vocab_size)  # [N]
     if ids.size < 2:
         raise InputError(f"scoring needs at least 2 tokens (the first is only context for the next), got {ids.size}")

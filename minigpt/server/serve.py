@@ -1,12 +1,12 @@
 """`python -m minigpt serve`'s routes: OpenAI's completions API over HTTP, on one Engine that every request shares.
 
-Two sides, two threads. The engine thread (minigpt.scripted.engine_thread) alone drives the Engine.
-The HTTP side (Starlette on uvicorn's event loop) only checks a body (minigpt.scripted.completion_request),
+Two sides, two threads. The engine thread (minigpt.server.engine_thread) alone drives the Engine.
+The HTTP side (Starlette on uvicorn's event loop) only checks a body (minigpt.server.completion_request),
 hands its choices to the engine thread as Tickets, and writes the Updates it gets back as one JSON
 answer or as server-sent events. With the exact kernels every answer is bitwise `minigpt.generate`'s
 for that prompt alone (docs/serving.md explains why and how the tests check it).
 
-Needs the `serve` extra (starlette, uvicorn); minigpt.scripted.http_server runs the routes on uvicorn.
+Needs the `serve` extra (starlette, uvicorn); minigpt.server.http_server runs the routes on uvicorn.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ..loading.model import Model
 from ..loop.sequence import GenerationResult
 from ..loading.tokenizer import no_tokenizer, token_text
 
-log = logging.getLogger("minigpt.scripted.serve")
+log = logging.getLogger("minigpt.server.serve")
 MAX_BODY_BYTES = 8 * 2**20  # a body beyond this is refused (413) before it is read in full
 RETRY_AFTER_SECONDS = 1
 SHUTDOWN_GRACE_SECONDS = 3  # on SIGINT/SIGTERM, running requests get this long to finish, then are answered 503

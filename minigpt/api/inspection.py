@@ -14,7 +14,7 @@ import numpy as np
 from ..gpt2.forward import GPT2, embed, lm_head
 from ..gpt2.layers import block
 from ..loop.sampling import log_softmax, top_log_probs
-from .tracing import Trace, recording, traced_forward
+from ..exact.tracing import Trace, recording, traced_forward
 
 
 @dataclass(frozen=True, eq=False)

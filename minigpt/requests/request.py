@@ -1,4 +1,4 @@
-"""A request checked, before any work: its options (minigpt.loading.options), then the options and the
+"""A request checked, before any work: its options (minigpt.requests.options), then the options and the
 prompt against the model, into the Request the loops and the engine run (minigpt.loop.sequence), with
 the logits processing it asks for built.
 """
@@ -9,8 +9,8 @@ from ..errors import InputError, MinigptError, shown
 from ..loop.processing import Penalties, Processing
 from ..loop.sampling import SamplingOptions
 from ..loop.sequence import Request
-from .checks import prepare_prompt
-from .model import Model, check_model
+from ..loading.checks import prepare_prompt
+from ..loading.model import Model, check_model
 from .options import OPTIONS, check_options
 from .structured import compile_constraint, one_constraint
 

@@ -1,5 +1,5 @@
 """OpenAI's completions answer: a CompletionRequest's results shaped into its JSON, whole or as
-streamed chunks (minigpt.scripted.completion_request checks the request; minigpt.scripted.serve
+streamed chunks (minigpt.server.completion_request checks the request; minigpt.server.serve
 puts both on a socket).
 """
 

@@ -1,6 +1,6 @@
 """The page that watches the server run (`/`: plain HTML, CSS and JavaScript shipped in the package,
 no build step and nothing fetched from elsewhere), and the endpoints it reads besides the API:
-`/metrics` (minigpt.scripted.metrics) and `/inspect`, one layer and head of minigpt.inspect's attention,
+`/metrics` (minigpt.server.metrics) and `/inspect`, one layer and head of minigpt.inspect's attention,
 computed one request at a time for at most INSPECT_TOKENS ids (docs/serving.md)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ..errors import MinigptError
-from .api import head_attention
+from ..api.api import head_attention
 from .completion_request import APIError
 
 INSPECT_IN_FLIGHT = 4  # /inspect requests held at once, computing or waiting for the slot; more are a 429

@@ -1,9 +1,7 @@
-"""Part 7, scripted use: the public functions, scoring and the OpenAI-compatible server
-(docs/api.md, docs/serving.md); the command line is minigpt.cli.
+"""Part 9, the server: an OpenAI-compatible HTTP server on one shared Engine, its metrics and the page
+that watches it run (docs/serving.md).
 
 Modules, in reading order:
-    scoring              the log-likelihood of a given text, in windows for long ones
-    api                  generate, stream, generate_batch, score, prove, inspect: checked, then run
     completion_request   OpenAI's completions request: a body checked into one CompletionRequest
     completion_response  its answer: results shaped into OpenAI's JSON, whole or streamed
     metrics              /metrics: the engine's state in Prometheus' text format, vLLM's names

@@ -1,8 +1,8 @@
 """OpenAI's completions request, without the HTTP: a body checked into one CompletionRequest, which
-holds minigpt Requests (the answer is shaped by minigpt.scripted.completion_response; minigpt.scripted.serve
+holds minigpt Requests (the answer is shaped by minigpt.server.completion_response; minigpt.server.serve
 puts both on a socket).
 
-The fields are the declared options' (minigpt.loading.options.OPTIONS: each option's `field`) and
+The fields are the declared options' (minigpt.requests.options.OPTIONS: each option's `field`) and
 the API's own (n, best_of, echo, stream, ...). Every option is checked by the library's own checks
 (check_options, request_of), so the server refuses exactly what `minigpt.generate` refuses, with the library's
 message naming the API's fields (max_tokens where the library says max_new_tokens) and the field in
@@ -19,9 +19,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..loading.options import OPTIONS, check_options, from_json
-from ..loading.requests import request_of
-from ..loading.structured import CONSTRAINTS
+from ..requests.options import OPTIONS, check_options, from_json
+from ..requests.request import request_of
+from ..requests.structured import CONSTRAINTS
 from ..errors import ContextLengthError, InputError, MinigptError, check_int, unique_keys
 from ..loading.model import Model
 from ..loop.sampling import MAX_TOP_LOGPROBS

@@ -4,7 +4,7 @@ one check of its value (docs/api.md).
 Every interface takes its options from OPTIONS, so that none can be forgotten in one place: the
 keywords of generate, stream, generate_batch and Engine.generate (`takes_options` builds their
 signatures), the command line's flags (minigpt.cli.flags), batch's keys and the server's fields
-(minigpt.scripted.completion_request); tests/test_options.py holds each interface to the declaration.
+(minigpt.server.completion_request); tests/test_options.py holds each interface to the declaration.
 
 An error about an option carries its keyword in `err.param` and names it in a template
 (minigpt.errors.MinigptError), so that each interface names it its own way: the keyword, the flag,
@@ -85,7 +85,7 @@ def texts(value: object, name: str) -> tuple[str, ...]:
 
 def biases(value: object, name: str) -> dict[int, float]:
     """logit_bias: token id -> bias in [-MAX_BIAS, MAX_BIAS], as OpenAI's; None: {}. The ids are
-    checked against a model's vocabulary with it (minigpt.loading.requests.check_against_model)."""
+    checked against a model's vocabulary with it (minigpt.requests.request.check_against_model)."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -152,7 +152,7 @@ def check_options(values: dict, checked_before: dict | None = None) -> dict:
     max_new_tokens), the absent ones at their values in `checked_before` (check_options' own result,
     taken as it is: the command line's under a batch line's) or else at their defaults: keyword ->
     value. Needs no model (check_against_model does; a constraint is compiled for the model's tokenizer
-    by minigpt.loading.requests)."""
+    by minigpt.requests.request)."""
     before = checked_before or {}
     checked = {name: before[name] if name in before and name not in values
                else option.check(values.get(name, option.default), name) for name, option in OPTIONS.items()}
