@@ -4,7 +4,7 @@ one check of its value (docs/api.md).
 Every interface takes its options from OPTIONS, so that none can be forgotten in one place: the
 keywords of generate, stream, generate_batch and Engine.generate (`takes_options` builds their
 signatures), the command line's flags (minigpt.cli.flags), batch's keys and the server's fields
-(minigpt.server.completion_request); tests/test_options.py holds each interface to the declaration.
+(minigpt.server.completion_request); tests/requests/test_options.py holds each interface to the declaration.
 
 An error about an option carries its keyword in `err.param` and names it in a template
 (minigpt.errors.MinigptError), so that each interface names it its own way: the keyword, the flag,

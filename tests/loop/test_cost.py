@@ -23,7 +23,7 @@ from minigpt.loop.sequence import Sequence
 
 GPT2 = ARCHITECTURES["gpt2"]
 LLAMA = ARCHITECTURES["llama-3-8b"]
-STAIRCASE_MD = Path(__file__).resolve().parents[1] / "docs" / "staircase.md"
+STAIRCASE_MD = Path(__file__).resolve().parents[2] / "docs" / "staircase.md"
 
 
 def test_lesson_512_plus_256_is_163712_naive_tokens_against_our_767_and_the_lessons_768():

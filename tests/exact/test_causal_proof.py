@@ -25,7 +25,7 @@ from minigpt import load
 from minigpt.loading.weights import random_params
 
 PROMPT = [464, 1332, 9335, 318]  # "The causal mask is"
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def f32(*values) -> np.ndarray:

@@ -49,7 +49,7 @@ h.update(np.array(r.tokens + r.logprobs).tobytes())
 print(h.hexdigest())
 """
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def digest(threads: int, how: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import minigpt
 
-API = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+API = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
 
 
 def public_callables():

@@ -197,7 +197,7 @@ def test_a_checkpoint_with_another_vocabulary_gets_no_tokenizer_and_text_is_refu
     import minigpt
     from minigpt.cli import main
 
-    directory = Path(__file__).parent / "fixtures" / "float32"
+    directory = Path(__file__).parents[1] / "fixtures" / "float32"
     model = minigpt.load(directory)
     assert model.config.vocab_size != 50257 and model.tokenizer is None
     assert main(["generate", "hello", "--model", str(directory)]) == 1

@@ -7,7 +7,7 @@ ratio (`x`, `times`, `ms`, `s`, `tokens/s`, `GB/s`, `%`) is a quoted measurement
 number of a block in scope, rounded to the decimals the prose gives (the block's 9.77 may be quoted
 as 9.8x or 9.77; a block's "1.54x" as 1.54x). In scope: the chapter's own blocks and the decode
 block of docs/benchmarks.md; for README.md, every block. A range ("1.1 to 1.3 times") quotes both
-ends. Figures that are not measurements (the lessons' own, cost arithmetic that tests/test_cost.py
+ends. Figures that are not measurements (the lessons' own, cost arithmetic that tests/loop/test_cost.py
 checks, sizes of the machine) are listed in NOT_MEASURED, each with its reason. Memory sizes (MB,
 MiB, ...) are arithmetic in this book and are not checked here.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 BLOCK = re.compile(r"<!-- benchmark(?::[\w-]+)?:begin -->(.*?)<!-- benchmark(?::[\w-]+)?:end -->", re.S)
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
@@ -34,7 +34,7 @@ CHAPTERS = ["README.md", "model.md", "kv-cache.md", "the-loop.md", "staircase.md
 NOT_MEASURED = {
     # "The Autoregressive Loop & Cost": the lesson's own measurement of plain GPT-2, labelled as the lesson's
     ("*", "147 ms"), ("*", "64 to 147 ms"), ("*", "2.3 times"),
-    # lesson 03-01's arithmetic, redone by `cost` (tests/test_cost.py)
+    # lesson 03-01's arithmetic, redone by `cost` (tests/loop/test_cost.py)
     ("*", "461 times"), ("*", "1,000 times"), ("*", "461x"), ("*", "967x"), ("*", "213x"), ("*", "1,000x"),
     ("*", "84.8%"),  # the proof's own count: 112 of 132 token-positions (arithmetic, printed by `prove`)
     # weight scales of the property tests (x Hugging Face's initialisation), not timings

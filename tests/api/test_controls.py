@@ -2,7 +2,7 @@
 as OpenAI's does, min_tokens holds off <|endoftext|> and the stop strings as vLLM's does, the
 controls reach the speculative loop's sampled rows, and the command line and a batch line give
 the API's tokens. The formulas themselves are checked against a reference loop in
-tests/properties/test_logits_processing.py; the server in tests/test_serve_controls.py."""
+tests/properties/test_logits_processing.py; the server in tests/server/test_serve_controls.py."""
 
 from __future__ import annotations
 

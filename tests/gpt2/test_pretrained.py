@@ -15,7 +15,7 @@ import pytest
 import minigpt
 from minigpt.errors import OfflineError
 
-WEIGHTS = Path(__file__).resolve().parents[1] / "weights" / "gpt2"
+WEIGHTS = Path(__file__).resolve().parents[2] / "weights" / "gpt2"
 PROMPT = "The dog"
 PROMPT_IDS = [464, 3290]
 # The prompt and 18 greedy tokens:

@@ -8,7 +8,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "minigpt"
 PART_1_WORDS = re.compile(r"page|slot|span|segment", re.IGNORECASE)  # the engine's vocabulary
 
@@ -164,3 +164,12 @@ def test_no_test_module_imports_another_test_module():
             imports += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names
                         if name.rsplit(".", 1)[-1].startswith("test_")]
     assert imports == []
+
+
+def test_every_test_module_sits_in_its_part_s_folder():
+    """tests/ follows the book: a folder per part (named as its package), tests/book for the book's own
+    checks and tests/properties for the bitwise properties that span the parts; the helpers stay at the top."""
+    folders = {package for package, _ in parts()} | {"book", "properties"}
+    misplaced = [str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                 if p.parent.parent != ROOT / "tests" or p.parent.name not in folders]
+    assert misplaced == []

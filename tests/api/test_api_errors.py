@@ -2,7 +2,7 @@
 
 Every row of docs/loading.md is checked here through `minigpt.load`, `Model.forward`,
 `minigpt.generate` and `minigpt.stream` (test_cli_errors.py runs the same rows through the CLI;
-tests/test_hostile_checkpoints.py goes deeper into damaged files at the `load_checkpoint` level).
+tests/loading/test_hostile_checkpoints.py goes deeper into damaged files at the `load_checkpoint` level).
 A request that cannot succeed is refused before any work: `no_work` makes running a transformer
 block fail the test.
 """
