@@ -23,7 +23,8 @@ docstring lists its modules in reading order:
     server    9. the OpenAI-compatible server, its metrics and page
     cli      10. `python -m minigpt ...`, one module per command
     testing  11. the claims as tools for a reader's own code (needs Hypothesis)
- The names below are imported on first use, so `import minigpt`
+
+The names below are imported on first use, so `import minigpt`
 loads nothing else and changes no process state.
 """
 
