@@ -22,7 +22,7 @@ from serving import HOST, get, post, running_server, settled
 from checkpoints import with_huge_position
 
 import minigpt
-from minigpt.engine import scheduler as engine_module
+from minigpt.engine import engine as engine_module
 from minigpt.server import completion_request, http_server, serve
 
 
