@@ -16,12 +16,15 @@ docstring lists its modules in reading order:
     cache     2. the KV cache
     loop      3. the loop and what it costs
     exact     4. new: exactness
-    loading   5. loading and checking
-    engine    6. the engine
-    scripted  7. scripted use
-    cli       7. `python -m minigpt ...`, one module per command
-    testing   8. the claims as tools for a reader's own code (needs Hypothesis)
- The names below are imported on first use, so `import minigpt`
+    loading   5. loading and checking: checkpoints, the tokenizer, Model
+    requests  6. a request's options, constraints and checks, into one Request
+    engine    7. the engine
+    api       8. the Python API: generate, score, inspect
+    server    9. the OpenAI-compatible server, its metrics and page
+    cli      10. `python -m minigpt ...`, one module per command
+    testing  11. the claims as tools for a reader's own code (needs Hypothesis)
+
+The names below are imported on first use, so `import minigpt`
 loads nothing else and changes no process state.
 """
 
@@ -30,9 +33,9 @@ import importlib
 _EXPORTS = {  # name -> the module that defines it
     "GPT2Config": "gpt2.config", "KVCache": "cache.kv_cache", "GenerationResult": "loop.sequence",
     "StreamedToken": "loop.sequence", "Model": "loading.model", "encode": "loading.tokenizer",
-    "gpt2_tokenizer": "loading.tokenizer", "load": "loading.loader", "generate": "scripted.api",
-    "stream": "scripted.api", "generate_batch": "scripted.api", "Engine": "engine.engine", "score": "scripted.api",
-    "prove": "scripted.api", "inspect": "scripted.api",
+    "gpt2_tokenizer": "loading.tokenizer", "load": "loading.loader", "generate": "api.api",
+    "stream": "api.api", "generate_batch": "api.api", "Engine": "engine.engine", "score": "api.api",
+    "prove": "api.api", "inspect": "api.api",
     "MinigptError": "errors",
 }
 __all__ = [*_EXPORTS, "errors"]

@@ -3,7 +3,7 @@
 For each entry of FIXTURES: random weights (`minigpt.gpt2.params.random_params`) are written by
 `minigpt.loading.checkpoint_writer.save_checkpoint`, in one of the layouts minigpt loads, to tests/fixtures/NAME/;
 transformers' `GPT2LMHeadModel.from_pretrained` loads that directory (float32, eval mode) and runs
-it on fixed token ids; its logits and greedy continuation go to NAME/reference.npz. tests/test_parity.py
+it on fixed token ids; its logits and greedy continuation go to NAME/reference.npz. tests/gpt2/test_parity.py
 checks minigpt against these files without torch, and calls `hf_reference` itself when transformers is
 installed, so the committed and the live references are computed by the same lines.
 
@@ -32,7 +32,7 @@ REFERENCE_FILE = "reference.npz"
 # random_params' scale: at 1 (Hugging Face's init) every logit is ~0.1 and greedy decoding hinges on
 # near-ties; at 20 the logits spread over roughly +-10, so the argmax is decided by clear margins.
 SCALE = 20.0
-# minigpt's logits must be within TOLERANCE x max|logit| of these references (tests/test_parity.py says why).
+# minigpt's logits must be within TOLERANCE x max|logit| of these references (tests/gpt2/test_parity.py says why).
 TOLERANCE = 1e-4
 
 

@@ -17,8 +17,8 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip ins
 
 import minigpt  # noqa: E402
 from minigpt.engine.engine import Engine  # noqa: E402
-from minigpt.scripted.http_server import bind, server  # noqa: E402
-from minigpt.scripted.serve import Service  # noqa: E402
+from minigpt.server.http_server import bind, server  # noqa: E402
+from minigpt.server.serve import Service  # noqa: E402
 
 HOST = "127.0.0.1"
 

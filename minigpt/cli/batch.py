@@ -17,10 +17,10 @@ from typing import Callable, Iterator
 
 from tqdm import tqdm
 
-from ..loading.requests import check_against_model, request_of
+from ..requests.request import check_against_model, request_of
 from ..engine.engine import MAX_BATCH_SIZE, Engine
 from ..engine.paging import PAGE
-from ..loading.options import OPTIONS, check_options, from_json
+from ..requests.options import OPTIONS, check_options, from_json
 from ..errors import InputError, MinigptError, check_bool, unique_keys
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult, Request

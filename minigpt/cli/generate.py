@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..scripted.api import generate_request, stream_request
-from ..loading.options import OPTIONS
-from ..loading.requests import request_of
+from ..api.api import generate_request, stream_request
+from ..requests.options import OPTIONS
+from ..requests.request import request_of
 from ..errors import MinigptError
 from ..loading.loader import load
 from ..loading.model import Model

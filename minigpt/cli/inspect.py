@@ -1,4 +1,4 @@
-"""`inspect TEXT`: look inside one forward (minigpt.exact.inspection): the logit lens as a table, or
+"""`inspect TEXT`: look inside one forward (minigpt.api.inspection): the logit lens as a table, or
 as JSON, and with --plot pictures of attention and of the lens."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..exact.tracing import layer_names
 from ..loading.tokenizer import token_text
-from ..scripted.api import INSPECT_TOKENS, inspect
+from ..api.api import INSPECT_TOKENS, inspect
 from .flags import UsageError, add_model_options, bounded, encode_prompt, load_model
 from .output import print_json, print_whole, table
 from . import pictures

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..scripted.api import prove
+from ..api.api import prove
 from ..exact.causal_proof import COLUMNS, Comparison, Drift, Proof
 from . import pictures
 from .flags import add_model_options, bounded, encode_prompt, load_model

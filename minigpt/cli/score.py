@@ -7,7 +7,7 @@ import argparse
 import numpy as np
 
 from ..loading.model import Model
-from ..scripted.api import score
+from ..api.api import score
 from ..loading.checks import check_stride
 from ..loading.tokenizer import token_text
 from .flags import add_model_options, encode_prompt, load_model, positive_int, read_text

@@ -1,5 +1,5 @@
 """`serve`: OpenAI's completions API on 127.0.0.1 (by default), every answer bitwise its solo generation.
-The options parsed, the model loaded, minigpt.scripted.serve runs until SIGINT or SIGTERM (exit 0).
+The options parsed, the model loaded, minigpt.server.serve runs until SIGINT or SIGTERM (exit 0).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def check_pool(config: GPT2Config, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from ..scripted import http_server, serve
+        from ..server import http_server, serve
     except ImportError as e:
         raise MinigptError(f"serve needs the serve extra ({e.name} is not installed): "
                            "pip install 'minigpt[serve]'") from None

@@ -1,4 +1,4 @@
-"""Part 6, the engine: many sequences served together on paged KV memory, each bitwise as if alone
+"""Part 7, the engine: many sequences served together on paged KV memory, each bitwise as if alone
 (docs/paging.md, docs/batching.md, docs/prefix-cache.md, docs/speculative.md).
 
 Modules, in reading order:

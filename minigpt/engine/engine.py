@@ -16,8 +16,8 @@ import numpy as np
 from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int
 from ..exact.batched import forward_batch
 from ..loading.model import Model, check_model, with_layer
-from ..loading.options import takes_options
-from ..loading.requests import make_requests
+from ..requests.options import takes_options
+from ..requests.request import make_requests
 from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
 from ..loop.sequence import Request, Sequence, check_finite
 from .paging import PAGE, PagePool, PageScores, PrefixEntry, chained_hashes, page_hash, page_tokens, pages_for

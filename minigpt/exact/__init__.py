@@ -13,5 +13,4 @@ Modules, in reading order:
     tuner         measuring the fastest cut on this machine (`tune`)
     tracing       a forward that keeps every layer
     causal_proof  the proof that the cache is exact, bit for bit
-    inspection    one forward kept for a reader: attention per head, the residual stream, the logit lens
 """

@@ -1,5 +1,5 @@
-"""Part 5, loading and checking: checkpoints on disk, the tokenizer, and validation once, at the
-public boundary: a model's inputs and a request's options (docs/loading.md, docs/tokenizer.md).
+"""Part 5, loading and checking: checkpoints on disk, the tokenizer, the model whose inputs are checked
+once, at the public boundary, and the loader that puts them together (docs/loading.md, docs/tokenizer.md).
 
 Modules, in reading order:
     files               what stands at a path
@@ -11,7 +11,4 @@ Modules, in reading order:
     model               Model: GPT-2 with checked forwards
     tokenizer           GPT-2's byte-pair encoding through tiktoken, its tables packaged
     loader              a name -> checkpoint + tokenizer + model
-    structured          structured outputs: a regex, JSON schema, choice or grammar, each step's logits masked to it
-    options             a request's options declared once: keywords, defaults, bounds, help, checks
-    requests            a request checked against the model, before any work
 """

@@ -1,7 +1,7 @@
 """Validation, once, at the public boundary: the checks of what a caller gives a model (its config,
 weights, token ids, caches, a prompt against its context, a scoring stride).
 
-The functions of parts 1 to 4 assume checked input; Model, the requests, the Engine, minigpt.scripted.api
+The functions of parts 1 to 4 assume checked input; Model, the requests, the Engine, minigpt.api.api
 and the CLI call these first. Each raises a minigpt.errors class naming the argument and what would fit.
 """
 

@@ -25,7 +25,7 @@ from .stops import StopMatcher
 
 @dataclass(frozen=True)
 class Request:
-    """A generation request, checked (minigpt.loading.requests.make_request): the prompt as fed and every option."""
+    """A generation request, checked (minigpt.requests.request.make_request): the prompt as fed and every option."""
 
     prompt: tuple[int, ...]  # as fed to the model (an empty prompt becomes (<|endoftext|>,))
     max_new_tokens: int
@@ -144,7 +144,7 @@ class Sequence:
     @property
     def ready(self) -> bool:
         """Its next row can be processed at once: no processor has work to do first (a grammar's mask
-        to compute, which part 6's engine does on a thread of its own)."""
+        to compute, which part 7's engine does on a thread of its own)."""
         return all(getattr(processor, "ready", True) for processor in self.processors)
 
     def prepare(self) -> None:

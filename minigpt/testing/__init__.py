@@ -1,4 +1,4 @@
-"""Part 8: testing. The book's claims as tools a reader runs against their own code: Hypothesis
+"""Part 11: testing. The book's claims as tools a reader runs against their own code: Hypothesis
 strategies for random GPT-2s and requests, the bit oracle, and the properties that make a kernel
 set, a drafter and the engine exact (docs/testing.md). Needs Hypothesis (the `testing` extra);
 `import minigpt` does not.

@@ -13,7 +13,7 @@ from ..engine.drafters import Drafter, check_proposal
 from ..errors import DrafterError
 from ..loading.model import Model
 from ..loop.sampling import SamplingOptions
-from ..scripted.api import generate
+from ..api.api import generate
 from .bits import assert_bitwise
 from .strategies import controls, sampling, token_ids
 

@@ -122,7 +122,7 @@ def check_kernels(kernels: Kernels, max_examples: int = 50) -> None:
     if _openblas_threads() is None:
         import warnings
         warnings.warn("check_kernels: NumPy's BLAS is not an OpenBLAS whose thread count can be set: the "
-                      "thread-count property was not checked (tests/test_threads.py checks it across processes)")
+                      "thread-count property was not checked (tests/exact/test_threads.py checks it across processes)")
     else:
         linear_rows_at_any_thread_count()
     linear_rows_under_any_cut()

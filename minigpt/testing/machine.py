@@ -24,9 +24,9 @@ from ..engine.paging import PAGE, chained_hashes, page_tokens, pages_for
 from ..engine.scheduler import Job, Status
 from ..exact.kernels import EXACT
 from ..loading.model import Model
-from ..loading.requests import make_request
+from ..requests.request import make_request
 from ..loading.weights import params_to_tensors
-from ..scripted.api import generate, score
+from ..api.api import generate, score
 from .bits import assert_bitwise
 from .strategies import models, options, prompts
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from minigpt.scripted.api import generate, generate_batch
+from minigpt.api.api import generate, generate_batch
 from minigpt.cli.pictures import plot_lines
 
 from .common import (REPEATS, Report, RunInfo, Target, attention_alone, gemv_rate, interleaved, log, median_of,

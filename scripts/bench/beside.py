@@ -19,8 +19,8 @@ import numpy as np
 
 from minigpt.engine.engine import Engine
 from minigpt.loading.loader import load
-from minigpt.loading.requests import make_requests
-from minigpt.loading.structured import MAX_CONSTRAINT_CHARS, MAX_REPETITION
+from minigpt.requests.request import make_requests
+from minigpt.requests.structured import MAX_CONSTRAINT_CHARS, MAX_REPETITION
 
 from .common import REPEATS, interleaved, log
 

@@ -26,8 +26,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from minigpt.scripted.api import generate
-from minigpt.loading.requests import make_request
+from minigpt.api.api import generate
+from minigpt.requests.request import make_request
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
 from minigpt.cache.kv_cache import forward_cached, new_cache

@@ -24,7 +24,7 @@ import numpy as np
 
 from minigpt.cli.pictures import plot_lines
 from minigpt.exact.kernels import FAST
-from minigpt.scripted.api import generate
+from minigpt.api.api import generate
 
 from .common import Report, RunInfo, Target, log, random_124m
 from .serve import in_turn, start_server

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from minigpt.engine.engine import Engine
-from minigpt.scripted.api import generate
-from minigpt.loading.requests import make_requests
+from minigpt.api.api import generate
+from minigpt.requests.request import make_requests
 from minigpt.exact.attention import PAGE
 from minigpt.engine.paging import PagedCache, PagePool, pages_for
 

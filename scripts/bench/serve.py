@@ -23,7 +23,7 @@ from typing import Callable, TypeVar
 
 import numpy as np
 
-from minigpt.scripted.api import generate
+from minigpt.api.api import generate
 from minigpt.exact.kernels import FAST
 from minigpt.loading.model import Model
 

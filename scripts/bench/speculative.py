@@ -23,7 +23,7 @@ import numpy as np
 from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.loop.loops import cached_steps
 from minigpt.loading.loader import load
-from minigpt.loading.requests import make_request
+from minigpt.requests.request import make_request
 from minigpt.loop.sequence import Sequence
 from minigpt.engine.drafters import Drafter, ModelDrafter, NGramDrafter
 from minigpt.engine.speculative import DraftCounts, speculative_steps

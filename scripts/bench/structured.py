@@ -23,9 +23,9 @@ import numpy as np
 
 from minigpt.loop.sequence import Sequence
 from minigpt.engine.engine import Engine
-from minigpt.scripted.api import generate_batch
-from minigpt.loading.requests import make_request, make_requests
-from minigpt.loading.structured import compile_constraint, ll_tokenizer, one_constraint
+from minigpt.api.api import generate_batch
+from minigpt.requests.request import make_request, make_requests
+from minigpt.requests.structured import compile_constraint, ll_tokenizer, one_constraint
 
 from .common import REPEATS, Report, RunInfo, Target, interleaved, log, minigpt_engines
 

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from minigpt.testing.strategies import batches, per_prompt
 
 from minigpt.engine.engine import Engine
-from minigpt.scripted.api import generate_batch
-from minigpt.loading.requests import make_requests
-from minigpt.scripted.api import generate
+from minigpt.api.api import generate_batch
+from minigpt.requests.request import make_requests
+from minigpt.api.api import generate
 
 
 @given(batches(), st.booleans())

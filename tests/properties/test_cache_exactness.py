@@ -12,7 +12,7 @@ from minigpt.testing.strategies import chunked_record, chunkings, controls, mode
 from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.exact.causal_proof import record_forward
 from minigpt.gpt2.forward import forward
-from minigpt.scripted.api import generate
+from minigpt.api.api import generate
 
 
 @given(st.data())

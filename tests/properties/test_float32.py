@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from minigpt.testing.strategies import chunkings, models, token_ids
 
-from minigpt.scripted.api import generate
+from minigpt.api.api import generate
 from minigpt.exact.kernels import EXACT, FAST, BatchKernels
 from minigpt.exact.tracing import traced_forward
 

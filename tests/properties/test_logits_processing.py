@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from minigpt.testing.strategies import controls, models, sampling, token_ids
 
 from minigpt.loop.sampling import token_log_prob
-from minigpt.scripted.api import generate, score
-from minigpt.loading.options import OPTIONS
+from minigpt.api.api import generate, score
+from minigpt.requests.options import OPTIONS
 
 
 def reference(model, prompt: list[int], n: int, stop_at_eos: bool, options: dict) -> tuple[list[int], list[float]]:

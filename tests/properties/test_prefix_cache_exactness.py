@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from minigpt.testing.strategies import controls, models, per_prompt, sampling, token_ids
 
 from minigpt.engine.engine import Engine
-from minigpt.scripted.api import score
+from minigpt.api.api import score
 from minigpt.engine.paging import PAGE, pages_for
 
 

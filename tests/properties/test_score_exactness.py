@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from minigpt.testing.strategies import models, token_ids
 
-from minigpt.scripted.api import generate
-from minigpt.scripted.api import score
+from minigpt.api.api import generate
+from minigpt.api.api import score
 
 
 @given(st.data())

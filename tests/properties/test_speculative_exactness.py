@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from minigpt.testing.strategies import controls, models, token_ids
 
-from minigpt.scripted.api import generate
+from minigpt.api.api import generate
 from minigpt.loading.model import Model
 
 

@@ -23,7 +23,7 @@ from minigpt.gpt2.config import GPT2_VOCAB_SIZE
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
 from minigpt.engine.engine import Engine
-from minigpt.loading.requests import make_request
+from minigpt.requests.request import make_request
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 
