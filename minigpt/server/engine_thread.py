@@ -23,7 +23,6 @@ from .metrics import Metrics
 from ..engine.engine import Engine, failure
 from ..engine.scheduler import Job
 from ..errors import NumericalError
-from ..loading.model import overflow_named_by_layer
 from ..loop.sequence import GenerationResult, Request, StreamedToken
 
 log = logging.getLogger("minigpt.server.engine_thread")
@@ -121,8 +120,7 @@ class EngineThread:
         fails the choices of the step (500) and cancels them; the engine goes on."""
         finished: list[Job] = []
         try:
-            with overflow_named_by_layer(self.engine.gpt, []):  # an overflow is its choice's NumericalError
-                finished, _ = self.engine.step()
+            finished, _ = self.engine.step()  # an overflow is its choice's NumericalError (Engine.step)
             self.metrics.stepped()
             self.updates(finished)
         except Exception as e:  # a fault of minigpt's, never of the request: logged, and the loop goes on
