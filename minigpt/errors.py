@@ -1,5 +1,6 @@
-"""One exception hierarchy for every mistake a user can make and every fault minigpt detects:
-anything else escaping is a bug in minigpt, not a user's mistake."""
+"""One exception hierarchy for every mistake a user can make and every fault minigpt detects
+(anything else escaping is a bug in minigpt, not a user's mistake), and the checks of plain values
+every public boundary makes: integers, booleans, numbers, token ids."""
 
 import math
 import numbers
@@ -124,6 +125,37 @@ def check_bool(value: object, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InputError(f"{{{name}}} must be True or False, got {{value}}", name, value=shown(value))
     return bool(value)
+
+
+def as_float(value: object) -> float:
+    """`value` as the float NumPy computes with, if it is a Python or NumPy int or float (not a bool)
+    that a float64 holds; else NaN, which fails every range check. Other numbers (Fraction, Decimal)
+    would pass a comparison and then fail inside NumPy, and so would an int beyond float64 (10**400)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, float, np.floating)):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.nan
+
+
+def check_ids(ids, vocab_size: int, name: str = "ids") -> np.ndarray:
+    """Token ids as a 1-D int64 array, or InputError about `name` naming the first offending id:
+    floats (even 2.0), bools and strings are refused, never cast."""
+    if isinstance(ids, (str, bytes)):
+        raise InputError("token ids must be integers, got the text {value}; encode it first (minigpt.encode)", name,
+                         value=reprlib.repr(ids))
+    arr = np.array(ids, dtype=object)  # element by element, whatever the sequence holds
+    if arr.ndim != 1:
+        raise InputError("token ids must be a 1-D sequence, got {kind} of shape {shape}", name,
+                         kind=type(ids).__name__, shape=arr.shape)
+    for i, t in enumerate(arr.tolist()):
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise InputError("token id at index {index} is {value}, not an integer", name, index=i, value=shown(t))
+        if not 0 <= t < vocab_size:
+            raise InputError("token id {value} at index {index} is outside [0, {vocab_size})", name, value=shown(t),
+                             index=i, vocab_size=vocab_size)
+    return arr.astype(np.int64)
 
 
 def unique_keys(pairs: list[tuple[str, object]]) -> dict:

@@ -140,10 +140,10 @@ MUTANTS = [
         'JSON_LAYOUT = {"whitespace_flexible": False,', 'JSON_LAYOUT = {"whitespace_flexible": True,',
         "tests/requests/test_structured.py"),
     bug("repetition-penalty-unbounded", "no value the controls' checks accept makes a logit infinite or NaN",
-        "minigpt/requests/options.py", "number(lambda v: MIN_REPETITION <= v <= MAX_REPETITION",
+        "minigpt/requests/request.py", "number(lambda v: MIN_REPETITION <= v <= MAX_REPETITION",
         "number(lambda v: 0 < v < math.inf", "tests/properties/test_controls_finite.py", "tests/loading/test_numerical_failures.py"),
     bug("logit-bias-same-token-twice", "logit_bias has one key per token (\"05\" and \"5\" are one token)",
-        "minigpt/requests/options.py", "        if token in named:\n", "        if False:\n",
+        "minigpt/requests/request.py", "        if token in named:\n", "        if False:\n",
         "tests/requests/test_logit_bias_keys.py"),
     # part 7: the engine
     bug("prefix-hash-parent", "a cached page is reused only under the same whole prefix", "minigpt/engine/paging.py",

@@ -9,14 +9,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..errors import ContextLengthError, InputError, check_bool, check_int, shown
+from ..errors import ContextLengthError, InputError, check_bool, check_ids, check_int, shown
 from ..loop.loops import cached_steps, naive_steps
 from ..loop.sequence import GenerationResult, Request, Sequence, StreamedToken, check_finite
 from ..exact import causal_proof
-from ..loading.checks import check_ids, check_stride, prepare_prompt
+from ..loading.checks import check_stride
 from ..loading.model import Model, check_model, overflow_named_by_layer, steps_overflow_named
-from ..requests.options import takes_options
-from ..requests.request import make_request
+from ..requests.request import check_options, make_request, prepare_prompt, takes_options
 from ..engine.drafters import check_speculation
 from ..engine.speculative import DraftCounts, SpeculativeResult, speculative_steps
 from ..engine.engine import MAX_BATCH_SIZE, Engine
@@ -53,21 +52,23 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
              **options) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` and time each one.
 
-    The options are minigpt.requests.options.OPTIONS, each a keyword (docs/api.md). `speculate`
+    The options are minigpt.requests.request.OPTIONS, each a keyword (docs/api.md). `speculate`
     ("ngram", a draft Model or a Drafter) verifies up to `draft_tokens` guessed tokens per step
     (minigpt.engine.speculative). on_step(tokens so far, that token's seconds) is called after each
     token; its own time is not counted in the next token's.
     """
     if on_step is not None and not callable(on_step):
         raise InputError("{on_step} must be a function or None, got {value}", "on_step", value=type(on_step).__name__)
-    return generate_request(model, make_request(model, prompt_ids, max_new_tokens, **options), use_cache=use_cache,
-                            speculate=speculate, draft_tokens=draft_tokens, on_step=on_step)
+    request = make_request(check_model(model), prompt_ids, check_options({**options, "max_new_tokens": max_new_tokens}),
+                           truncation_offered=True)
+    return generate_request(model, request, use_cache=use_cache, speculate=speculate, draft_tokens=draft_tokens,
+                            on_step=on_step)
 
 
 def generate_request(model: Model, request: Request, *, use_cache: bool = True, speculate=None,
                      draft_tokens: int | None = None,
                      on_step: Callable[[int, float], None] | None = None) -> GenerationResult:
-    """`generate` for a Request make_request (or request_of, on options checked once) has made."""
+    """`generate` for a Request make_request has made."""
     seq, loop, counts = sequence_and_steps(model, request, use_cache, speculate, draft_tokens)
     reported = 0
     for _ in loop:
@@ -85,13 +86,14 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
     """Yield the new tokens as they are produced, with `generate`'s keywords (without on_step),
     checked at the call. A token is held back while its text could still begin a stop string, so
     the streamed texts concatenate to generate's `text` (docs/sampling.md)."""
-    return stream_request(model, make_request(model, prompt_ids, max_new_tokens, **options), use_cache=use_cache,
-                          speculate=speculate, draft_tokens=draft_tokens)
+    request = make_request(check_model(model), prompt_ids, check_options({**options, "max_new_tokens": max_new_tokens}),
+                           truncation_offered=True)
+    return stream_request(model, request, use_cache=use_cache, speculate=speculate, draft_tokens=draft_tokens)
 
 
 def stream_request(model: Model, request: Request, *, use_cache: bool = True, speculate=None,
                    draft_tokens: int | None = None) -> Iterator[StreamedToken]:
-    """`stream` for a Request make_request (or request_of) has made, checked at the call."""
+    """`stream` for a Request make_request has made, checked at the call."""
     seq, loop, _ = sequence_and_steps(model, request, use_cache, speculate, draft_tokens)
 
     def tokens() -> Iterator[StreamedToken]:
@@ -142,7 +144,7 @@ def score(model: Model, ids, stride: int | None = None) -> np.ndarray:
 def prove(model: Model, prompt_ids, n_steps: int = 8) -> causal_proof.Proof:
     """causal_proof.prove on a checked prompt: every check of the argument that the cache is exact,
     run with the model's kernels, and the fast kernels' drift for contrast."""
-    n_steps = check_int(n_steps, "n_steps", 2)  # the proof compares consecutive steps
+    n_steps = check_int(n_steps, "n_steps", 2)  # the proof compares consecutive steps; n_steps new tokens
     prompt = prepare_prompt(check_model(model), prompt_ids, n_steps)
     with overflow_named_by_layer(model, prompt):
         return causal_proof.prove(model, prompt, n_steps)

@@ -17,10 +17,10 @@ from typing import Callable, Iterator
 
 from tqdm import tqdm
 
-from ..requests.request import check_against_model, request_of
+from ..requests.request import OPTIONS, check_against_model, check_options, from_json, make_request
 from ..engine.engine import MAX_BATCH_SIZE, Engine
+from ..engine.scheduler import Job
 from ..engine.paging import PAGE
-from ..requests.options import OPTIONS, check_options, from_json
 from ..errors import InputError, MinigptError, check_bool, unique_keys
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult, Request
@@ -125,14 +125,14 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     tokenizer = model.tokenizer  # now, before any work: text prompts, stop strings and the output's text need it
     check_against_model(model, values)  # an option's fault, not the first line's
-    ids, requests, scoring, engine = checked_requests(model, args, values, given)
+    ids, jobs, engine = checked_requests(model, args, values, given)
     pool = engine.pool
     clock = time.perf_counter()
     pending: dict[int, GenerationResult] = {}  # finished, waiting for the lines before them
     written = tokens = preemptions = cached = 0
     samples: list[dict] = []  # the pool after each step, for --plot
-    with output(args.output) as out, progress(len(requests)) as (bar, on_step), \
-            closing(engine.results(requests, scoring, lambda n: (on_step(n), samples.append(engine.stats())))) as finished:
+    with output(args.output) as out, progress(len(jobs)) as (bar, on_step), \
+            closing(engine.results(jobs, lambda n: (on_step(n), samples.append(engine.stats())))) as finished:
         for i, result in finished:  # in the order they finish
             bar.update(1)
             tokens, preemptions = tokens + len(result.tokens), preemptions + result.preemptions
@@ -143,9 +143,9 @@ def run(args: argparse.Namespace) -> int:
                 written += 1
     seconds = time.perf_counter() - clock
     if args.plot is not None and samples:  # no sample: said below, once the summary is out
-        pictures.pool(samples, args.plot, f"{args.model}: {len(requests)} prompts, B = {engine.max_batch_size}, "
+        pictures.pool(samples, args.plot, f"{args.model}: {len(jobs)} prompts, B = {engine.max_batch_size}, "
                                           f"{pool.n_pages} pages of {PAGE} positions")
-    print(f"{len(requests)} requests, {tokens:,} tokens, {seconds:.3f} s, {tokens / seconds:,.1f} tokens/s, "
+    print(f"{len(jobs)} requests, {tokens:,} tokens, {seconds:.3f} s, {tokens / seconds:,.1f} tokens/s, "
           f"peak {pool.peak_in_use:,} of {pool.n_pages:,} pages in use "
           f"({binary(pool.peak_in_use * pool.page_bytes)} of keys and values), {preemptions} preemptions, "
           f"{cached:,} prompt tokens from the prefix cache",
@@ -157,9 +157,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def checked_requests(model: Model, args: argparse.Namespace, values: dict,
-                     given: set[str]) -> tuple[list, list[Request], list[bool], Engine]:
-    """Every line of INPUT checked, before any work: the lines' ids, their requests, whether each
-    scores its prompt, and the engine whose pool they all fit in. A bad line fails the run, and so
+                     given: set[str]) -> tuple[list, list[Job], Engine]:
+    """Every line of INPUT checked, before any work: the lines' ids, their jobs (each scoring its
+    prompt if the line asks), and the engine whose pool they all fit in. A bad line fails the run, and so
     does a command-line option (`given`) that no line takes (--seed when every line is greedy or
     has its own seed)."""
     name = "stdin" if args.input == "-" else args.input
@@ -184,10 +184,10 @@ def checked_requests(model: Model, args: argparse.Namespace, values: dict,
     engine = Engine(model, max_batch_size=at_once, kv_cache_tokens=args.kv_cache_tokens,
                     prefix_cache=not args.no_prefix_cache)
     try:
-        engine.check_fits(requests)
+        jobs = engine.jobs_for(requests, scoring)
     except InputError as e:  # e.prompt: the request's index
         raise as_command_error(e, args.parser, key, f"{name} line {numbers[e.prompt]}: ") from None
-    return ids, requests, scoring, engine
+    return ids, jobs, engine
 
 
 def read_lines(path: str, name: str) -> Iterator[tuple[int, str]]:
@@ -242,7 +242,7 @@ def parse_line(model: Model, text: str, number: int, defaults: dict) -> tuple[ob
            for key in LINE_OPTIONS if key in line}
     taken = {key for key in LINE_OPTIONS if key not in line}
     scores = check_bool(line.get("prompt_logprobs", False), "prompt_logprobs")
-    return identity, request_of(model, prompt, check_options(own, defaults), False), scores, taken
+    return identity, make_request(model, prompt, check_options(own, defaults), False), scores, taken
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """The flags several commands share, read and checked before any work: the model's, each request
-option's (minigpt.requests.options.OPTIONS), argparse types with bounds, the files a flag names (read
+option's (minigpt.requests.request.OPTIONS), argparse types with bounds, the files a flag names (read
 with a bound), and a library error worded as the command names its flags."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..exact.kernels import KERNELS
 from ..loading.loader import load
 from ..loading.model import Model
 from ..loading.tokenizer import encode, no_tokenizer
-from ..requests.options import OPTIONS, by_token, check_options
+from ..requests.request import OPTIONS, by_token, check_options
 from ..requests.structured import MAX_CONSTRAINT_CHARS
 from .output import binary
 
@@ -115,7 +115,7 @@ non_negative_int = bounded(int, lambda v: v >= 0, ">= 0")
 
 def read_as(kind: type):
     """An argparse type: a flag's text as an int or float when it reads as one, else the text itself,
-    which the option's check refuses naming it (one check, minigpt.requests.options)."""
+    which the option's check refuses naming it (one check, minigpt.requests.request)."""
     def read(text: str):
         try:
             return kind(text)
@@ -140,7 +140,7 @@ MAX_CONSTRAINT_FILE_BYTES = 4 * MAX_CONSTRAINT_CHARS  # a UTF-8 character takes 
 
 
 def add_request_options(p: argparse.ArgumentParser, batched: bool) -> None:
-    """A flag for each request option (minigpt.requests.options.OPTIONS; batched: those many prompts
+    """A flag for each request option (minigpt.requests.request.OPTIONS; batched: those many prompts
     take), with its help and default. A flag not given is None: `request_options` keeps only those given."""
     for option in OPTIONS.values():
         if batched and not option.batched:

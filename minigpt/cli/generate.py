@@ -6,8 +6,7 @@ import argparse
 import sys
 
 from ..api.api import generate_request, stream_request
-from ..requests.options import OPTIONS
-from ..requests.request import request_of
+from ..requests.request import OPTIONS, make_request
 from ..errors import MinigptError
 from ..loading.loader import load
 from ..loading.model import Model
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args)
     tokenizer = model.tokenizer
     ids = encode_prompt(model, args.prompt)  # undecodable bytes in the argument are kept as byte tokens
-    request = request_of(model, ids, values, True)  # against the model and the prompt; --truncate-prompt offered
+    request = make_request(model, ids, values, True)  # against the model and the prompt; --truncate-prompt offered
     speculate = None
     if args.speculate is not None:
         speculate = "ngram" if args.speculate == "ngram" else load_draft(args)

@@ -11,11 +11,10 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import ContextLengthError, DrafterError, InputError, check_int, shown
+from ..errors import ContextLengthError, DrafterError, InputError, check_ids, check_int, shown
 from ..gpt2.forward import GPT2
 from ..cache.kv_cache import forward_cached, new_cache
 from ..loop.sampling import SamplingOptions, draw, probabilities
-from ..loading.checks import check_ids
 
 MAX_NGRAM = 3  # prompt lookup tries the last 3, then 2, then 1 tokens
 DRAFT_TOKENS = 4  # draft_tokens by default: k's ceiling (the room left for new tokens caps it too)

@@ -16,11 +16,10 @@ import numpy as np
 from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int
 from ..exact.batched import forward_batch
 from ..loading.model import Model, check_model, with_layer
-from ..requests.options import takes_options
-from ..requests.request import make_requests
+from ..requests.request import make_requests, takes_options
 from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
 from ..loop.sequence import Request, Sequence, check_finite
-from .paging import PAGE, PagePool, PageScores, PrefixEntry, chained_hashes, page_hash, page_tokens, pages_for
+from .paging import PAGE, PagedCache, PagePool, PageScores, PrefixEntry, chained_hashes, page_hash, page_tokens, pages_for
 from .scheduler import EngineResult, Job, Scheduler, Status
 
 
@@ -85,16 +84,23 @@ class Engine:
         finally:
             self._outside = False
 
-    def submit(self, request: Request, index: int = 0, prompt_logprobs: bool = False) -> Job:
-        """Queue a checked request (from any thread); it joins the batch at a coming step. A request
-        that could never fit in the pool is refused: queued, it would wait for pages forever."""
-        self.check_fits([request])
-        return self._queue(request, index, prompt_logprobs)
+    def jobs_for(self, requests: list[Request], prompt_logprobs: list[bool] | None = None) -> list[Job]:
+        """A job for each checked request (job i: request i, scoring its prompt if prompt_logprobs[i]),
+        not yet queued. InputError about kv_cache_tokens, naming (err.prompt) the first request that
+        could never fit in the pool: queued, it would wait for pages forever."""
+        for i, r in enumerate(requests):
+            if pages_for(r.max_positions) > self.pool.n_pages:
+                raise InputError(f"{len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
+                                 f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); "
+                                 f"the pool holds {self.pool.n_pages * PAGE} ({{kv_cache_tokens}})",
+                                 "kv_cache_tokens", prompt=i)
+        scoring = prompt_logprobs or [False] * len(requests)
+        return [Job(i, Sequence(r), PagedCache(self.pool), p) for i, (r, p) in enumerate(zip(requests, scoring))]
 
-    def _queue(self, request: Request, index: int, prompt_logprobs: bool) -> Job:
-        job = Job(index, Sequence(request), self.pool.new_cache(), prompt_logprobs)
-        self.scheduler.add(job)
-        return job
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue jobs (from any thread): they join the batch at coming steps."""
+        for job in jobs:
+            self.scheduler.add(job)
 
     def cancel(self, job: Job) -> None:
         """Stop a request: at the next step it leaves, its pages back in the pool."""
@@ -160,32 +166,21 @@ class Engine:
             raise InputError(f"{{prompt_logprobs}} has {len(scoring)} values for {len(requests)} prompts",
                              "prompt_logprobs")
         results: list[EngineResult | None] = [None] * len(requests)
-        for i, result in self.results(requests, [check_bool(p, "prompt_logprobs") for p in scoring]):
+        for i, result in self.results(self.jobs_for(requests, [check_bool(p, "prompt_logprobs") for p in scoring])):
             results[i] = result
         return results
 
-    def results(self, requests: list[Request], prompt_logprobs: list[bool],
-                on_tokens: Callable[[int], None] | None = None) -> Iterator[tuple[int, EngineResult]]:
-        """Run checked requests to the end: (index, result) as each finishes; on_tokens(n) after every
-        step that made n tokens. Requests submitted otherwise run alongside but are not yielded."""
+    def results(self, jobs: list[Job], on_tokens: Callable[[int], None] | None = None) -> Iterator[tuple[int, EngineResult]]:
+        """Queue jobs (jobs_for's) and run them to the end: (index, result) as each finishes; on_tokens(n)
+        after every step that made n tokens. Jobs submitted otherwise run alongside but are not yielded."""
         with self._driving():
-            self.check_fits(requests)
-            jobs = [self._queue(r, i, p) for i, (r, p) in enumerate(zip(requests, prompt_logprobs))]
+            self.submit(jobs)
             mine = set(jobs)
             for job in self.run(on_tokens):
                 if job in mine and job.error is not None:  # its weights overflowed, or its processing gave up
                     raise failure(self.gpt, job)
                 if job in mine:
                     yield job.index, job.result()
-
-    def check_fits(self, requests: list[Request]) -> None:
-        """InputError about kv_cache_tokens, naming (err.prompt) the first request that could never fit in the pool."""
-        for i, r in enumerate(requests):
-            if pages_for(r.max_positions) > self.pool.n_pages:
-                raise InputError(f"{len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
-                                 f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); "
-                                 f"the pool holds {self.pool.n_pages * PAGE} ({{kv_cache_tokens}})",
-                                 "kv_cache_tokens", prompt=i)
 
     def _record(self, job: Job, rows: np.ndarray, clock: float) -> int:
         """Record what a step computed for a job (rows [T or 1, vocab]): its prompt's scores, its next

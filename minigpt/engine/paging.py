@@ -88,7 +88,7 @@ class PagePool:
     first: what is evicted when the pool needs room), or free."""
 
     def __init__(self, config: GPT2Config, n_pages: int):
-        self.config = config
+        self.config, self.n_pages = config, n_pages
         shape = (config.n_layer, config.n_head, n_pages * PAGE, config.head_dim)
         self.k, self.v = lazy_zeros(shape), lazy_zeros(shape)  # [n_layer, H, n_pages * PAGE, hd]: a slot per position
         self.refs = np.zeros(n_pages, np.int64)
@@ -97,10 +97,6 @@ class PagePool:
         self.entries: dict[int, PrefixEntry] = {}  # page -> its entry, for every page in the prefix cache
         self.by_hash: dict[bytes, int] = {}
         self.peak_in_use = self.evictions = 0
-
-    @property
-    def n_pages(self) -> int:
-        return self.free.size
 
     @property
     def in_use(self) -> int:
@@ -115,10 +111,6 @@ class PagePool:
     def page_bytes(self) -> int:
         """Bytes of keys and values one page holds."""
         return PAGE * kv_bytes_per_token(gpt2_architecture("pool", self.config))
-
-    def new_cache(self) -> PagedCache:
-        """An empty cache whose pages will come from this pool."""
-        return PagedCache(self)
 
     def grow(self, cache: PagedCache, n_positions: int) -> bool:
         """Give `cache` pages until it holds n_positions positions. All or nothing: False, and no

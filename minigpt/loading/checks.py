@@ -1,5 +1,5 @@
 """Validation, once, at the public boundary: the checks of what a caller gives a model (its config,
-weights, token ids, caches, a prompt against its context, a scoring stride).
+weights, caches, room in its context, a scoring stride).
 
 The functions of parts 1 to 4 assume checked input; Model, the requests, the Engine, minigpt.api.api
 and the CLI call these first. Each raises a minigpt.errors class naming the argument and what would fit.
@@ -7,20 +7,15 @@ and the CLI call these first. Each raises a minigpt.errors class naming the argu
 
 from __future__ import annotations
 
-import math
-import reprlib
 import weakref
-from numbers import Integral
 
 import numpy as np
 
 from ..gpt2.config import GPT2Config
-from ..errors import ConfigError, ContextLengthError, DrafterError, InputError, check_int, is_int, shown
-from ..gpt2.forward import GPT2
+from ..errors import ConfigError, ContextLengthError, InputError, check_int, is_int, shown
 from ..cache.kv_cache import KVCache
 from ..exact.kernels import BatchKernels
 from ..gpt2.params import GPT2Params
-from ..loop.sequence import context_error, positions_needed
 from .weights import expected_shapes, params_to_tensors
 
 SIZE_FIELDS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")  # integers >= 1, required in a config.json
@@ -76,25 +71,6 @@ def check_parts(params: object, config: object, kernels: object) -> None:
         _CHECKED[params] = config
 
 
-def check_ids(ids, vocab_size: int, name: str = "ids") -> np.ndarray:
-    """Token ids as a 1-D int64 array, or InputError about `name` naming the first offending id:
-    floats (even 2.0), bools and strings are refused, never cast."""
-    if isinstance(ids, (str, bytes)):
-        raise InputError("token ids must be integers, got the text {value}; encode it first (minigpt.encode)", name,
-                         value=reprlib.repr(ids))
-    arr = np.array(ids, dtype=object)  # element by element, whatever the sequence holds
-    if arr.ndim != 1:
-        raise InputError("token ids must be a 1-D sequence, got {kind} of shape {shape}", name,
-                         kind=type(ids).__name__, shape=arr.shape)
-    for i, t in enumerate(arr.tolist()):
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-            raise InputError("token id at index {index} is {value}, not an integer", name, index=i, value=shown(t))
-        if not 0 <= t < vocab_size:
-            raise InputError("token id {value} at index {index} is outside [0, {vocab_size})", name, value=shown(t),
-                             index=i, vocab_size=vocab_size)
-    return arr.astype(np.int64)
-
-
 POOLED = ("k", "v", "length", "capacity", "runs", "fault")  # what a pool's cache has (minigpt.engine.paging)
 
 
@@ -140,43 +116,6 @@ def check_room(config: GPT2Config, cache: KVCache, T: int) -> None:
         limit = (f"the context of {config.n_positions} (n_positions)" if cache.capacity >= config.n_positions
                  else f"the cache's capacity of {cache.capacity}")
         raise ContextLengthError(f"{start} cached + {T} new positions exceed {limit}")
-
-
-def as_float(value: object) -> float:
-    """`value` as the float NumPy computes with, if it is a Python or NumPy int or float (not a bool)
-    that a float64 holds; else NaN, which fails every range check. Other numbers (Fraction, Decimal)
-    would pass a comparison and then fail inside NumPy, and so would an int beyond float64 (10**400)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Integral, float, np.floating)):
-        return math.nan
-    try:
-        return float(value)
-    except OverflowError:
-        return math.nan
-
-
-def prepare_prompt(model: GPT2, prompt_ids, max_new_tokens: int, truncate_prompt: bool | None = None) -> list[int]:
-    """Check a prompt before any work: ids, lengths, and that the generation fits in n_positions
-    (positions_needed: the last new token is never fed, so prompt + new tokens - 1 positions).
-
-    An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do. With
-    `truncate_prompt`, a prompt too long to leave room for the new tokens keeps its last tokens;
-    None: the caller has no such option, and the error offers none.
-    """
-    max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 0)
-    config = model.config
-    ids = check_ids(prompt_ids, config.vocab_size, "prompt_ids").tolist()
-    if not ids:
-        if config.eos_token_id is None:
-            raise InputError("the prompt is empty and this model's vocabulary has no <|endoftext|> to start from",
-                             "prompt_ids")
-        ids = [config.eos_token_id]
-    room = config.n_positions - positions_needed(0, max_new_tokens)  # the longest prompt that fits
-    if len(ids) > room:
-        if not truncate_prompt or room < 1:
-            raise context_error(config.n_positions, len(ids), max_new_tokens, "prompt_ids",
-                                truncatable=truncate_prompt is not None and room >= 1)
-        ids = ids[-room:]
-    return ids
 
 
 def check_stride(stride, n_positions: int) -> int:

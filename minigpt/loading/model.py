@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
-from .checks import check_cache, check_ids, check_parts, check_room
-from ..errors import InputError, NumericalError, check_int, shown
+from .checks import check_cache, check_parts, check_room
+from ..errors import InputError, NumericalError, check_ids, check_int, shown
 from ..gpt2.forward import GPT2, forward
 from ..exact.kernels import EXACT, BatchKernels
 from ..cache.kv_cache import KVCache, forward_cached, new_cache

@@ -3,6 +3,6 @@ from, before any work (docs/api.md, docs/logits-processing.md).
 
 Modules, in reading order:
     structured  structured outputs: a regex, JSON schema, choice or grammar, each step's logits masked to it
-    options     a request's options declared once: keywords, defaults, bounds, help, checks
-    request     a request checked against the model, before any work
+    request     a request's options declared once and checked in one pass, then with the prompt against
+                the model into the Request
 """

@@ -58,12 +58,10 @@ def ll_tokenizer(tokenizer: tiktoken.Encoding, kind: str):
 
 
 def check_value(kind: str):
-    """The check of option `kind`'s value (minigpt.requests.options), its type only, no llguidance:
-    None, or a regex or grammar as a string, a JSON schema as an object or its JSON text (parsed
+    """The check of option `kind`'s value (minigpt.requests.request.OPTIONS), its type only, no
+    llguidance: a regex or grammar as a string, a JSON schema as an object or its JSON text (parsed
     here), a choice as a non-empty list of strings (a tuple)."""
     def check(value: object, name: str) -> object:
-        if value is None:
-            return None
         if kind == "json_schema":
             return json_schema(value, name)
         if kind == "choice":
@@ -94,16 +92,6 @@ def json_schema(value: object, name: str) -> dict:
     if value is False:
         raise InputError(f"{{{name}}} is false, a schema no JSON is valid under: no text matches it", name)
     return {} if value is True else value  # true: any JSON, as {} (JSON Schema's meaning)
-
-
-def one_constraint(values: dict) -> tuple[str, object] | None:
-    """(kind, value) of the one constraint among checked options (keyword -> value), or None; an
-    InputError about the second when two are given."""
-    given = [kind for kind in CONSTRAINTS if values.get(kind) is not None]
-    if len(given) > 1:
-        raise InputError(f"{{{given[0]}}} and {{{given[1]}}} both constrain the text: give at most one of "
-                         + ", ".join(f"{{{kind}}}" for kind in CONSTRAINTS), given[1])
-    return (given[0], values[given[0]]) if given else None
 
 
 def compile_constraint(tokenizer: tiktoken.Encoding | None, kind: str, value: object,

@@ -15,8 +15,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..requests.options import OPTIONS, check_options, from_json
-from ..requests.request import request_of
+from ..requests.request import OPTIONS, check_options, from_json, make_request
 from ..requests.structured import CONSTRAINTS
 from ..errors import ContextLengthError, InputError, MinigptError, check_int, unique_keys
 from ..loading.model import Model
@@ -160,7 +159,7 @@ def completion_request(model: Model, served_name: str, body: dict, capacity: int
     requests = []
     for i, ids in enumerate(prompts):
         try:
-            requests.append(request_of(model, ids, values, False))
+            requests.append(make_request(model, ids, values, False))
         except MinigptError as e:
             e.prompt = i
             raise library_error(e, len(prompts), fields) from None
@@ -274,7 +273,7 @@ def prompt_count(prompt) -> int:
 
 def prompt_ids(model: Model, prompt) -> list:
     """The prompts (already counted by prompt_count) as token-id lists; ids themselves are checked by
-    request_of."""
+    make_request."""
     if isinstance(prompt, str):
         return [encode_text(model, prompt)]
     if isinstance(prompt[0], str):

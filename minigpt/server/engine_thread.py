@@ -23,7 +23,7 @@ from .metrics import Metrics
 from ..engine.engine import Engine, failure
 from ..engine.scheduler import Job
 from ..errors import NumericalError
-from ..loop.sequence import GenerationResult, Request, StreamedToken
+from ..loop.sequence import GenerationResult, StreamedToken
 
 log = logging.getLogger("minigpt.server.engine_thread")
 IDLE_POLL_SECONDS = 0.5  # an idle engine thread wakes this often to see whether it should stop
@@ -44,14 +44,12 @@ class Update:
 
 @dataclass(eq=False)
 class Ticket:
-    """One choice on its way through the engine thread. `deliver` is called from that thread."""
+    """One choice on its way through the engine thread: its job (Engine.jobs_for's, checked to fit,
+    not yet queued). `deliver` is called from that thread."""
 
-    index: int
-    request: Request
-    prompt_logprobs: bool
+    job: Job
     deliver: Callable[[Update], None]
-    cancelled: bool = False
-    job: Job | None = None  # the fields below: the engine thread's alone
+    cancelled: bool = False  # the fields below: the engine thread's alone
     sent: int = 0  # tokens already delivered
     started: bool = False
     arrived: float = 0.0  # time.monotonic() when the engine thread took it
@@ -112,7 +110,7 @@ class EngineThread:
         while self.incoming:
             ticket = self.incoming.popleft()
             ticket.arrived = time.monotonic()
-            ticket.job = self.engine.submit(ticket.request, ticket.index, ticket.prompt_logprobs)
+            self.engine.submit([ticket.job])
             self.tickets[ticket.job] = ticket
 
     def step(self) -> None:

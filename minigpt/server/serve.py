@@ -20,14 +20,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engine.engine import Engine
-from ..loading.checks import check_ids
+from ..engine.scheduler import Job
 from .completion_request import (APIError, CompletionRequest, check_model_name, completion_request, encode_text,
                                  library_error, parse_json)
 from .completion_response import ChoiceStream, choice_json, envelope, usage_json
 from . import page
 from .engine_thread import EngineThread, Preparation, Ticket, Update, shutting_down
 from .metrics import Metrics
-from ..errors import InputError, MinigptError
+from ..errors import InputError, MinigptError, check_ids
 from ..loading.model import Model
 from ..loop.sequence import GenerationResult
 from ..loading.tokenizer import no_tokenizer, token_text
@@ -168,8 +168,8 @@ class Service:
         try:
             if self.draining:
                 raise shutting_down()
-            asked = await self.preparation.run(self.prepare, await read_body(request))  # encoding takes time
-            choices = len(asked.requests) * asked.best_of
+            asked, jobs = await self.preparation.run(self.prepare, await read_body(request))  # encoding takes time
+            choices = len(jobs)
             if choices > self.capacity - self.in_flight:
                 raise APIError(f"the server is busy: {choices} candidates asked for, room for "
                                f"{max(self.capacity - self.in_flight, 0)} now (--max-batch-size + --max-queue in "
@@ -182,7 +182,7 @@ class Service:
         def deliver(update: Update) -> None:  # from the engine thread
             loop.call_soon_threadsafe(self.arrived, updates, update)
 
-        tickets = [Ticket(i, r, asked.prompt_logprobs, deliver) for i, r in enumerate(asked.candidates())]
+        tickets = [Ticket(job, deliver) for job in jobs]
         self.in_flight += len(tickets)
         self.engine_thread.submit(tickets)
         identity = f"cmpl-{uuid.uuid4().hex}"
@@ -191,9 +191,9 @@ class Service:
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return await self.whole(request, identity, asked, tickets, updates)
 
-    def prepare(self, body: bytes) -> CompletionRequest:
-        """A body parsed and checked into a CompletionRequest (off the event loop), refusing a prompt that
-        could never fit in the page pool (400)."""
+    def prepare(self, body: bytes) -> tuple[CompletionRequest, list[Job]]:
+        """A body parsed and checked into a CompletionRequest (off the event loop), and a job per candidate
+        (Engine.jobs_for), refusing a prompt that could never fit in the page pool (400)."""
         try:
             asked = completion_request(self.model, self.served_name, parse_json(body), self.capacity)
         except APIError:
@@ -201,11 +201,13 @@ class Service:
         except MinigptError as e:  # a check that is not the API's own (the tokenizer's)
             raise library_error(e, 1) from None
         try:
-            self.engine.check_fits(asked.requests)
+            candidates = list(asked.candidates())
+            jobs = self.engine.jobs_for(candidates, [asked.prompt_logprobs] * len(candidates))
         except InputError as e:  # about the pool's size (--kv-cache-tokens): the prompt is what the client can change
+            e.prompt //= asked.best_of  # candidate j of prompt i is candidate i * best_of + j
             raise APIError(library_error(e, len(asked.requests)).message(), "prompt",
                            "context_length_exceeded") from None
-        return asked
+        return asked, jobs
 
     def arrived(self, updates: asyncio.Queue, update: Update) -> None:
         """On the event loop: an Update from the engine thread."""

@@ -24,7 +24,7 @@ from ..engine.paging import PAGE, chained_hashes, page_tokens, pages_for
 from ..engine.scheduler import Job, Status
 from ..exact.kernels import EXACT
 from ..loading.model import Model
-from ..requests.request import make_request
+from ..requests.request import check_options, make_request
 from ..loading.weights import params_to_tensors
 from ..api.api import generate, score
 from .bits import assert_bitwise
@@ -111,8 +111,11 @@ class EngineMachine(RuleBasedStateMachine):
         # computed with and without their scores meet in the prefix cache
         sharer = max(self.jobs, key=lambda job: shared(job.seq.ids, prompt), default=None)
         opposite = sharer is not None and not sharer.prompt_logprobs
-        job = self.engine.submit(make_request(self.gpt, **keywords), len(self.jobs),
-                                 data.draw(st.sampled_from([opposite, not opposite]), label="prompt_logprobs"))
+        request = make_request(self.gpt, prompt, check_options({k: v for k, v in keywords.items() if k != "prompt_ids"}),
+                               truncation_offered=False)
+        [job] = self.engine.jobs_for([request], [data.draw(st.sampled_from([opposite, not opposite]),
+                                                           label="prompt_logprobs")])
+        self.engine.submit([job])
         self.jobs.append(job)
         self.asked[job] = (keywords, job.prompt_logprobs, speculate)
 
@@ -150,24 +153,24 @@ class EngineMachine(RuleBasedStateMachine):
     def _ended(self, finished: list[Job]) -> None:
         """Each job ends once, holding nothing, with bitwise its result alone (cancelled: a prefix of it)."""
         for job in finished:
-            assert job not in self.ended, f"job {job.index} ended twice"
-            assert job.cache.pages == [] and job.hashes == [], f"job {job.index} ended holding pages"
+            assert job not in self.ended, f"job {self.jobs.index(job)} ended twice"
+            assert job.cache.pages == [] and job.hashes == [], f"job {self.jobs.index(job)} ended holding pages"
             self.ended.add(job)
             keywords, scored, speculate = self.asked[job]
             alone = generate(self.gpt, speculate=speculate, **keywords)
             result = job.result()
             if job.status is Status.CANCELLED:
                 assert self.cancelled.get(job, True) or result.finish_reason == "abort", \
-                    f"cancelled job {job.index} ended {result.finish_reason!r}"
+                    f"cancelled job {self.jobs.index(job)} ended {result.finish_reason!r}"
                 n = len(result.tokens)
                 assert_bitwise((result.tokens, result.logprobs), (alone.tokens[:n], alone.logprobs[:n]),
-                               f"cancelled job {job.index}'s (tokens, logprobs) vs its run alone")
+                               f"cancelled job {self.jobs.index(job)}'s (tokens, logprobs) vs its run alone")
                 continue
             assert_bitwise(dataclasses.replace(result, prompt_logprobs=None, prompt_top_logprobs=None), alone,
-                           f"job {job.index} vs its run alone")
+                           f"job {self.jobs.index(job)} vs its run alone")
             if scored and len(keywords["prompt_ids"]) > 1:
                 assert_bitwise(result.prompt_logprobs[1:], score(self.gpt, keywords["prompt_ids"]).tolist(),
-                               f"job {job.index}'s prompt_logprobs vs score")
+                               f"job {self.jobs.index(job)}'s prompt_logprobs vs score")
 
     # ------------------------------------------------------------------------- invariants
 
@@ -179,7 +182,7 @@ class EngineMachine(RuleBasedStateMachine):
             return
         pool, holders = self.engine.pool, [0] * self.engine.pool.n_pages
         for job in self.jobs:
-            assert len(set(job.cache.pages)) == len(job.cache.pages), f"job {job.index} holds a page twice"
+            assert len(set(job.cache.pages)) == len(job.cache.pages), f"job {self.jobs.index(job)} holds a page twice"
             for page in job.cache.pages:
                 holders[page] += 1
         held = {page for page, n in enumerate(holders) if n}
@@ -252,4 +255,4 @@ class EngineMachine(RuleBasedStateMachine):
         pool, n = self.engine.pool, stop - i * PAGE
         for name, store, mine in (("keys", pool.k, reference.k), ("values", pool.v, reference.v)):
             assert_bitwise(store[:, :, page * PAGE:page * PAGE + n], mine[:, :, i * PAGE:stop],
-                           f"{what} {page} (job {job.index}'s page {i}) {name}")
+                           f"{what} {page} (job {self.jobs.index(job)}'s page {i}) {name}")

@@ -1,5 +1,5 @@
 """Hypothesis strategies: small random GPT-2s, in memory or written as Hugging Face checkpoints,
-token ids, prompts, and requests' options drawn from their one declaration (minigpt.requests.options),
+token ids, prompts, and requests' options drawn from their one declaration (minigpt.requests.request),
 constraints included.
 
 Weights come at several scales, from all zero to saturated softmax and GELU; sequences cross the
@@ -24,7 +24,7 @@ from ..exact.causal_proof import record_forward
 from ..exact.kernels import EXACT, BatchKernels
 from ..loading.checkpoint_writer import save_checkpoint
 from ..loading.model import Model
-from ..requests.options import MAX_BIAS, MAX_PENALTY, OPTIONS
+from ..requests.request import MAX_BIAS, MAX_PENALTY, OPTIONS
 from ..loading.safetensors_format import ENCODINGS
 from ..loading.tokenizer import gpt2_tokenizer
 from ..loading.weights import expected_shapes, params_from_tensors, random_params

@@ -39,9 +39,10 @@ def plain_seconds(model, prompts: list[list[int]], beside: list) -> float:
     submitted just before it on the same Engine."""
     engine = Engine(model, max_batch_size=N + 1)
     plain = make_requests(model, prompts[:1], {"max_new_tokens": NEW_TOKENS, "temperature": 0, "stop_at_eos": False})
-    others = [engine.submit(r, i + 1) for i, r in enumerate(beside)]
+    job, *others = engine.jobs_for([plain[0], *beside])
+    engine.submit(others)
     clock = time.perf_counter()
-    job = engine.submit(plain[0], 0)
+    engine.submit([job])
     while not job.finished:
         engine.step()
     seconds = time.perf_counter() - clock

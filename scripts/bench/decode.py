@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from minigpt.api.api import generate
-from minigpt.requests.request import make_request
+from minigpt.requests.request import make_requests
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
 from minigpt.cache.kv_cache import forward_cached, new_cache
@@ -90,7 +90,7 @@ def lockstep(engines: dict[str, Model], prompt: list[int], n: int) -> dict[str, 
     loops, seqs, clocks = {}, {}, {}
     for name, m in engines.items():
         m, clocks[name] = clocked(m)
-        seqs[name] = Sequence(make_request(m, prompt, n, stop_at_eos=False))
+        seqs[name] = Sequence(make_requests(m, [prompt], {"max_new_tokens": n, "stop_at_eos": False})[0])
         loops[name] = cached_steps(m, seqs[name])
     alone = {name: products(m.kernels.linear, 1) for name, m in engines.items()}
     runs = {name: [] for name in engines}  # per step: (step, products in it, attention in it, products alone)

@@ -21,7 +21,7 @@ from minigpt.engine.engine import Engine
 from minigpt.api.api import generate
 from minigpt.requests.request import make_requests
 from minigpt.exact.attention import PAGE
-from minigpt.engine.paging import PagedCache, PagePool, pages_for
+from minigpt.engine.paging import pages_for
 
 from .common import Report, RunInfo, Target, log, random_124m, timed
 
@@ -40,19 +40,6 @@ def stream(vocab_size: int) -> tuple[list[list[int]], list[int]]:
     return [rng.integers(vocab_size, size=n).tolist() for n in prompt_lengths], replies
 
 
-def remember_caches(pool: PagePool) -> list[PagedCache]:
-    """The caches `pool` hands out from now on, in order: the engine asks for one per request, in
-    request order, so cache i is request i's and holds pages exactly while it is running."""
-    caches, hand_out = [], pool.new_cache
-
-    def new_cache() -> PagedCache:
-        caches.append(hand_out())
-        return caches[-1]
-
-    pool.new_cache = new_cache
-    return caches
-
-
 def batched(model, prompts: list[list[int]], replies: list[int], kv_cache_tokens: int | None) -> dict:
     """One batched run of the stream: tokens per request, wall seconds, preemptions, the pool's
     peak and page size, and the peak over steps of what the running requests would have reserved
@@ -61,17 +48,16 @@ def batched(model, prompts: list[list[int]], replies: list[int], kv_cache_tokens
                    stop_at_eos=False, top_logprobs=0)
     requests = make_requests(model, prompts, options)
     engine = Engine(model, max_batch_size=MAX_BATCH, kv_cache_tokens=kv_cache_tokens, prefix_cache=False)
-    pool = engine.pool
-    caches = remember_caches(pool)
+    pool, jobs = engine.pool, engine.jobs_for(requests)
     reserved = [0]
 
-    def on_tokens(_: int) -> None:
-        running = [r for r, c in zip(requests, caches) if c.pages]
+    def on_tokens(_: int) -> None:  # a job holds pages exactly while it is running
+        running = [r for r, job in zip(requests, jobs) if job.cache.pages]
         reserved[0] = max(reserved[0], sum(len(r.prompt) + r.max_new_tokens for r in running))
 
     def go() -> list:
         results = [None] * len(requests)
-        for i, result in engine.results(requests, [False] * len(requests), on_tokens):
+        for i, result in engine.results(jobs, on_tokens):
             results[i] = result
         return results
 

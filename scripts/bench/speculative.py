@@ -23,7 +23,7 @@ import numpy as np
 from minigpt.cache.kv_cache import forward_cached, new_cache
 from minigpt.loop.loops import cached_steps
 from minigpt.loading.loader import load
-from minigpt.requests.request import make_request
+from minigpt.requests.request import make_requests
 from minigpt.loop.sequence import Sequence
 from minigpt.engine.drafters import Drafter, ModelDrafter, NGramDrafter
 from minigpt.engine.speculative import DraftCounts, speculative_steps
@@ -83,7 +83,7 @@ def decode(model, prompt: list[int], drafter: Drafter | None) -> dict:
     """Generate NEW_TOKENS greedily (speculating with `drafter` unless None), step by step: tokens,
     wall seconds, steps, the k of every step, drafted/accepted counts and the drafter's seconds."""
     recorder = None if drafter is None else Recorder(drafter)
-    seq, counts = Sequence(make_request(model, prompt, NEW_TOKENS, stop_at_eos=False)), DraftCounts()
+    seq, counts = Sequence(make_requests(model, [prompt], {"max_new_tokens": NEW_TOKENS, "stop_at_eos": False})[0]), DraftCounts()
     loop = (cached_steps(model, seq) if recorder is None else
             speculative_steps(model, seq, recorder, DRAFT_TOKENS, counts))
     ks, asked = [], 0

@@ -24,8 +24,8 @@ import numpy as np
 from minigpt.loop.sequence import Sequence
 from minigpt.engine.engine import Engine
 from minigpt.api.api import generate_batch
-from minigpt.requests.request import make_request, make_requests
-from minigpt.requests.structured import compile_constraint, ll_tokenizer, one_constraint
+from minigpt.requests.request import make_requests, one_constraint
+from minigpt.requests.structured import compile_constraint, ll_tokenizer
 
 from .common import REPEATS, Report, RunInfo, Target, interleaved, log, minigpt_engines
 
@@ -50,7 +50,7 @@ def step_ms(model, prompts: list[list[int]], options: dict) -> float:
     engine = Engine(model, max_batch_size=len(prompts))
     requests = make_requests(model, prompts, {**options, "max_new_tokens": NEW_TOKENS, "stop_at_eos": False})
     ends = [time.perf_counter()]
-    for _ in engine.results(requests, [False] * len(requests), lambda tokens: ends.append(time.perf_counter())):
+    for _ in engine.results(engine.jobs_for(requests), lambda tokens: ends.append(time.perf_counter())):
         pass
     return statistics.median(np.diff(ends)[1:]) * 1e3  # the first: the prefill
 
@@ -58,7 +58,7 @@ def step_ms(model, prompts: list[list[int]], options: dict) -> float:
 def choice_us(model, prompt: list[int], options: dict) -> float:
     """The median time (us) a sequence with these options takes to choose one token from a row of
     random logits [vocab], its processing included, after NEW_TOKENS tokens it chose from that row."""
-    seq = Sequence(make_request(model, prompt, NEW_TOKENS + 1, stop_at_eos=False, **options))
+    seq = Sequence(make_requests(model, [prompt], {**options, "max_new_tokens": NEW_TOKENS + 1, "stop_at_eos": False})[0])
     row = np.random.default_rng(0).standard_normal(model.config.vocab_size).astype(np.float32)
     for _ in range(NEW_TOKENS):  # tokens of its own choosing: a constraint's state follows them
         if not seq.done:

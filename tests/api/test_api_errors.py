@@ -814,7 +814,7 @@ def test_a_forward_interrupted_midway_leaves_the_cache_as_it_was(tiny_model, mon
         if not paged:
             return tiny_model.new_cache()
         pool = PagePool(tiny_model.config, 2)
-        cache = pool.new_cache()
+        cache = PagedCache(pool)
         pool.grow(cache, 32)
         return cache
 

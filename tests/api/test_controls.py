@@ -53,9 +53,9 @@ def test_min_tokens_passes_over_a_stop_string_completed_within_them_as_vllm_does
 
 
 def test_the_logit_processing_the_controls_ask_for_is_none_when_they_change_nothing(tiny_model, ids):
-    from minigpt.requests.request import make_request
-    assert make_request(tiny_model, ids, 4).processing == ()
-    assert make_request(tiny_model, ids, 4, **CONTROLS).processing == (
+    from requesting import new_request
+    assert new_request(tiny_model, ids, 4).processing == ()
+    assert new_request(tiny_model, ids, 4, **CONTROLS).processing == (
         Penalties((11, EOS), (5.0, -100.0), 0.5, 1.5, 1.3),)
 
 

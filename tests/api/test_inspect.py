@@ -15,6 +15,7 @@ import minigpt
 from minigpt.cli import main, pictures
 from minigpt.errors import ContextLengthError, InputError
 from minigpt.exact.causal_proof import record_forward
+from requesting import new_request
 from minigpt.exact.tracing import layer_names
 from minigpt.gpt2.forward import embed
 from minigpt.loop.sampling import log_softmax
@@ -130,8 +131,8 @@ def test_batch_draws_the_page_pool_from_stats_that_add_up(tiny_model, capsys, tm
     assert code == 0 and (tmp_path / "pool.png").read_bytes()[:8] == PNG
     samples = []
     engine = minigpt.Engine(tiny_model, max_batch_size=4, kv_cache_tokens=96)
-    list(engine.results([minigpt.requests.request.make_request(tiny_model, [7] * 20 + [i], 20, stop_at_eos=False)
-                         for i in range(4)], [False] * 4, lambda n: samples.append(engine.stats())))
+    list(engine.results(engine.jobs_for([new_request(tiny_model, [7] * 20 + [i], 20, stop_at_eos=False)
+                                         for i in range(4)]), lambda n: samples.append(engine.stats())))
     assert samples and all(s["pages_in_use"] + s["pages_cached"] + s["pages_free"] == s["pages_total"] for s in samples)
     assert samples[-1]["preemptions"] > 0 and samples[-1]["pages_cached"] > 0
     pictures.pool(samples, tmp_path / "again.png", "the same run")

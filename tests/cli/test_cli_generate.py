@@ -19,7 +19,7 @@ from checkpoints import EOT, TINY
 from commands import cli, environment
 
 import minigpt
-from minigpt.requests.options import OPTIONS
+from minigpt.requests.request import OPTIONS
 from minigpt.loading.checkpoint_writer import save_checkpoint
 from minigpt.loading.weights import params_from_tensors, params_to_tensors, random_params
 

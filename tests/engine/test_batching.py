@@ -25,7 +25,7 @@ def requests_and_pool(tiny_model, prompts, n, kv_cache_tokens, max_batch_size=3)
 
 
 def run(engine, requests, on_tokens=None):
-    return engine.results(requests, [False] * len(requests), on_tokens)
+    return engine.results(engine.jobs_for(requests), on_tokens)
 
 
 def test_a_tight_pool_preempts_and_every_sequence_still_gets_its_tokens_alone(tiny_model):
@@ -137,10 +137,10 @@ def test_a_page_is_zeroed_when_taken_so_a_last_page_read_whole_reads_no_old_keys
     whatever an earlier sequence left in it (here NaN everywhere), and the logits are those of a
     fresh pool, bit for bit."""
     from minigpt.exact.batched import forward_batch
-    from minigpt.engine.paging import PagePool
+    from minigpt.engine.paging import PagedCache, PagePool
 
     def logits(pool):
-        cache = pool.new_cache()
+        cache = PagedCache(pool)
         assert pool.grow(cache, 21)
         return forward_batch(tiny_model, [list(range(100, 121))], [cache], [0])[0]
 
@@ -159,7 +159,7 @@ def test_a_length_set_back_by_hand_continues_bitwise_as_a_truncated_cache(tiny_m
             cache = tiny_model.new_cache(64)
         else:
             pool = minigpt.engine.paging.PagePool(tiny_model.config, 4)
-            cache = pool.new_cache()
+            cache = minigpt.engine.paging.PagedCache(pool)
             pool.grow(cache, 64)
         tiny_model.forward(ids, cache)
         return cache
@@ -193,7 +193,7 @@ def test_a_paged_cache_set_back_holds_zeros_after_its_length(tiny_model):
     """Setting a pool's cache's length back zeroes what it forgets, as a page comes from the pool:
     the exact kernels read its last page whole, in place."""
     pool = minigpt.engine.paging.PagePool(tiny_model.config, 4)
-    cache = pool.new_cache()
+    cache = minigpt.engine.paging.PagedCache(pool)
     pool.grow(cache, 40)
     tiny_model.forward(list(range(100, 140)), cache)
     cache.length = 18

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import minigpt
-from minigpt.requests.request import make_request
+from requesting import new_request, submitted
 from minigpt.errors import InputError
 
 PREFIX = list(range(1000, 1048))  # three full pages
@@ -53,7 +53,7 @@ def test_a_preempted_sequence_holds_nothing_and_gets_its_tokens_alone(tiny_model
     written pages stay cached for anyone, itself included); readmitted, it starts from nothing."""
     prompts = [PREFIX + [i] for i in range(3)]
     engine = minigpt.Engine(tiny_model, max_batch_size=3, kv_cache_tokens=160)  # 10 pages for 3 x 7 needed
-    jobs = [engine.submit(make_request(tiny_model, prompt, 60, stop_at_eos=False)) for prompt in prompts]
+    jobs = [submitted(engine, new_request(tiny_model, prompt, 60, stop_at_eos=False)) for prompt in prompts]
     while engine.stats()["preemptions"] == 0:
         engine.step()
     victims = [job for job in jobs if job.preemptions]
@@ -68,7 +68,7 @@ def test_a_preempted_sequence_holds_nothing_and_gets_its_tokens_alone(tiny_model
 
 def test_a_cancelled_request_leaves_and_gives_its_pages_back(tiny_model):
     engine = minigpt.Engine(tiny_model, prefix_cache=False)
-    job = engine.submit(make_request(tiny_model, PREFIX, 100, stop_at_eos=False))
+    job = submitted(engine, new_request(tiny_model, PREFIX, 100, stop_at_eos=False))
     engine.step()
     assert engine.stats()["pages_in_use"] == 3  # the prompt's 48 positions
     engine.cancel(job)
@@ -115,17 +115,17 @@ def test_a_call_gets_the_results_of_its_own_requests_only(tiny_model):
     but the call returns its own prompts' results, each as generated alone."""
     a, b = [464, 3290, 318], [1000, 1001, 1002, 1003]
     engine = minigpt.Engine(tiny_model)
-    other = engine.submit(make_request(tiny_model, a, 30, stop_at_eos=False))
+    other = submitted(engine, new_request(tiny_model, a, 30, stop_at_eos=False))
     got = engine.generate([b], 12, stop_at_eos=False)
     assert [r.prompt_ids for r in got] == [b]
     assert got[0].tokens == minigpt.generate(tiny_model, b, 12, stop_at_eos=False).tokens
     assert other.seq.done and other.result().tokens == minigpt.generate(tiny_model, a, 30, stop_at_eos=False).tokens
 
 
-def test_a_request_that_can_never_fit_is_refused_at_submit_and_later_calls_still_run(tiny_model):
+def test_a_request_that_can_never_fit_is_refused_before_it_is_queued_and_later_calls_still_run(tiny_model):
     engine = minigpt.Engine(tiny_model, kv_cache_tokens=32)  # 2 pages
     with pytest.raises(InputError, match="kv_cache_tokens"):
-        engine.submit(make_request(tiny_model, list(range(40)), 1))
+        submitted(engine, new_request(tiny_model, list(range(40)), 1))
     assert engine.generate([[1, 2]], 2)[0].tokens == minigpt.generate(tiny_model, [1, 2], 2).tokens
 
 
@@ -139,7 +139,7 @@ def test_a_second_thread_driving_an_engine_gets_engine_busy_and_the_first_gets_i
         ready.wait(5)
 
     runner = threading.Thread(target=lambda: job_results.extend(
-        r for _, r in engine.results([make_request(tiny_model, PREFIX, 5, stop_at_eos=False)], [False], on_tokens)))
+        r for _, r in engine.results(engine.jobs_for([new_request(tiny_model, PREFIX, 5, stop_at_eos=False)]), on_tokens)))
     runner.start()
     assert started.wait(5)
     for call in (lambda: engine.generate([[1, 2]], 2), engine.step, lambda: list(engine.run())):
@@ -154,10 +154,10 @@ def test_a_second_thread_driving_an_engine_gets_engine_busy_and_the_first_gets_i
 
 def test_a_call_from_inside_an_engine_s_own_run_gets_engine_busy(tiny_model):
     engine = minigpt.Engine(tiny_model)
-    request = make_request(tiny_model, [1, 2, 3], 3, stop_at_eos=False)
+    request = new_request(tiny_model, [1, 2, 3], 3, stop_at_eos=False)
     with pytest.raises(minigpt.errors.EngineBusyError, match="inside its own run"):
-        list(engine.results([request], [False], on_tokens=lambda tokens: engine.generate([[4, 5]], 1)))
-    for _, result in engine.results([request], [False]):
+        list(engine.results(engine.jobs_for([request]), on_tokens=lambda tokens: engine.generate([[4, 5]], 1)))
+    for _, result in engine.results(engine.jobs_for([request])):
         for call in (lambda: engine.generate([[4, 5]], 1), engine.step):
             with pytest.raises(minigpt.errors.EngineBusyError, match="inside its own run"):
                 call()
@@ -166,7 +166,7 @@ def test_a_call_from_inside_an_engine_s_own_run_gets_engine_busy(tiny_model):
 
 def test_a_job_cancelled_before_its_end_finishes_with_reason_abort(tiny_model):
     engine = minigpt.Engine(tiny_model)
-    job = engine.submit(make_request(tiny_model, [1, 2, 3], 50, stop_at_eos=False))
+    job = submitted(engine, new_request(tiny_model, [1, 2, 3], 50, stop_at_eos=False))
     engine.step()
     engine.cancel(job)
     finished, _ = engine.step()

@@ -31,7 +31,7 @@ from minigpt.gpt2.config import GPT2_SIZES
 from minigpt.loop.loops import cached_steps, naive_steps
 from minigpt.loading.weights import random_params
 from minigpt.loading.safetensors_format import read_header
-from minigpt.requests.request import make_request
+from requesting import new_request
 from minigpt.loop.sequence import Sequence
 
 def logit_error(ours: np.ndarray, reference: np.ndarray) -> float:
@@ -49,7 +49,7 @@ def check_parity(directory: Path, ref, kernels: str) -> dict[str, float]:
     model = minigpt.load(directory, kernels=kernels)
     errors = {"prompt": logit_error(model.forward(ref["ids"]), ref["logits"])}
     for use_cache in (True, False):
-        request = make_request(model, ref["ids"], len(ref["tokens"]))
+        request = new_request(model, ref["ids"], len(ref["tokens"]))
         seq = Sequence(request)
         logits = list((cached_steps if use_cache else naive_steps)(model, seq))
         assert seq.tokens == ref["tokens"].tolist(), f"greedy tokens, use_cache={use_cache}"

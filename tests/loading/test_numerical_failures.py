@@ -15,7 +15,7 @@ from checkpoints import with_huge_position
 
 import minigpt
 from minigpt.errors import InputError, NumericalError
-from minigpt.requests.request import make_request
+from requesting import new_request, submitted
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,8 @@ def broken(tiny_model):
 
 def test_an_overflowing_job_fails_alone_and_the_others_in_its_batch_get_their_tokens_alone(broken):
     engine = minigpt.Engine(broken, max_batch_size=4)
-    good = engine.submit(make_request(broken, [1, 2], 5, stop_at_eos=False))
-    bad = engine.submit(make_request(broken, [3] * 194, 12, stop_at_eos=False))  # feeds position 200 its 7th token
+    good = submitted(engine, new_request(broken, [1, 2], 5, stop_at_eos=False))
+    bad = submitted(engine, new_request(broken, [3] * 194, 12, stop_at_eos=False))  # feeds position 200 its 7th token
     with np.errstate(over="ignore", invalid="ignore"):
         finished = list(engine.run())
     assert set(finished) == {good, bad} and good.error is None and isinstance(bad.error, NumericalError)

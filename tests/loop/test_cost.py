@@ -18,7 +18,7 @@ from minigpt.loop.loops import cached_steps, naive_steps
 from minigpt.cache.kv_cache import new_cache
 from minigpt.engine.paging import PagePool
 from minigpt.loading.weights import random_params
-from minigpt.requests.request import make_request
+from requesting import new_request
 from minigpt.loop.sequence import Sequence
 
 GPT2 = ARCHITECTURES["gpt2"]
@@ -47,7 +47,7 @@ def test_token_counts_are_the_positions_the_loops_feed(tiny_model, prompt, reply
     """Summed over the forwards of minigpt's own loops; and the cached count is the capacity a
     request's cache is made for."""
     fed = loop_feeds
-    request = make_request(tiny_model, list(range(1, prompt + 1)), reply, stop_at_eos=False)
+    request = new_request(tiny_model, list(range(1, prompt + 1)), reply, stop_at_eos=False)
     c = estimate(gpt2_architecture("tiny", tiny_model.config), prompt, reply)
     list(naive_steps(tiny_model, Sequence(request)))
     assert sum(fed) == c.naive_tokens

@@ -10,7 +10,7 @@ import pytest
 import minigpt
 from minigpt.gpt2.config import GPT2Config
 from minigpt.loop.loops import cached_steps, naive_steps
-from minigpt.requests.request import make_request
+from requesting import new_request
 from minigpt.loop.sequence import Sequence
 from minigpt.loading.model import Model
 from minigpt.loading.weights import random_params
@@ -90,7 +90,7 @@ def test_logits_of_every_step_are_bitwise_equal_between_the_loops(model):
 
 def sequence(model, prompt, n):
     """A checked request that never stops at <|endoftext|>, ready for a loop."""
-    return Sequence(make_request(model, prompt, n, stop_at_eos=False))
+    return Sequence(new_request(model, prompt, n, stop_at_eos=False))
 
 
 def test_stream_takes_generates_parameters_with_the_same_defaults_but_on_step():

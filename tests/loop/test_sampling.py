@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minigpt.requests.options import check_options
+from minigpt.requests.request import check_options
 from minigpt.errors import InputError
 from minigpt.loop.sampling import SamplingOptions, filtered_log_probs, next_token
 

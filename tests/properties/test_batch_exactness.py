@@ -38,6 +38,6 @@ def test_pages_every_page_is_back_in_the_pool_and_the_peak_fits(batch):
     requests = make_requests(model, prompts, options)
     engine = Engine(model, max_batch_size=max_batch_size, kv_cache_tokens=kv_cache_tokens)
     pool = engine.pool
-    finished = sorted(i for i, _ in engine.results(requests, [False] * len(requests)))
+    finished = sorted(i for i, _ in engine.results(engine.jobs_for(requests)))
     assert finished == list(range(len(prompts)))
     assert pool.in_use == 0 and pool.peak_in_use <= pool.n_pages

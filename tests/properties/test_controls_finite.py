@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from minigpt.errors import InputError
-from minigpt.requests.options import MAX_BIAS, MAX_PENALTY, MAX_REPETITION, MIN_REPETITION, check_options
+from minigpt.requests.request import MAX_BIAS, MAX_PENALTY, MAX_REPETITION, MIN_REPETITION, check_options
 from minigpt.requests.request import processing
 from minigpt.loop.sampling import SamplingOptions
 from minigpt.loop.sequence import Request, Sequence

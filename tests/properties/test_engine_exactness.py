@@ -11,7 +11,7 @@ from minigpt.testing.strategies import models, token_ids
 
 from minigpt.gpt2.forward import forward
 from minigpt.exact.batched import forward_batch
-from minigpt.engine.paging import PAGE, PagePool, pages_for
+from minigpt.engine.paging import PAGE, PagedCache, PagePool, pages_for
 
 
 @given(st.data())
@@ -24,7 +24,7 @@ def test_paged_batched_forward_gives_every_sequence_bitwise_the_plain_forwards_l
     pool = PagePool(model.config, sum(pages_for(len(ids)) for ids in sequences) + data.draw(st.integers(0, 3)))
     order = data.draw(st.permutations(range(pool.n_pages)), label="page order")
     pool.free[:] = False
-    caches = [pool.new_cache() for _ in sequences]
+    caches = [PagedCache(pool) for _ in sequences]
     for cache, ids in zip(caches, sequences):  # pages taken in the drawn order, not one run each
         for _ in range(pages_for(len(ids))):
             page = order.pop(0)

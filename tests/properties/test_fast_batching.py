@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from minigpt.testing.strategies import batches, per_prompt
 
 from minigpt.api.api import generate, generate_batch
-from minigpt.requests.options import OPTIONS, integer
+from minigpt.requests.request import OPTIONS, integer
 from minigpt.exact.kernels import EXACT, FAST
 
 # Relative to the largest |logit| of the row (exact kernels), by weight scale. Targeted Hypothesis

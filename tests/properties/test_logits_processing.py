@@ -15,7 +15,7 @@ from minigpt.testing.strategies import controls, models, sampling, token_ids
 
 from minigpt.loop.sampling import token_log_prob
 from minigpt.api.api import generate, score
-from minigpt.requests.options import OPTIONS
+from minigpt.requests.request import OPTIONS
 
 
 def reference(model, prompt: list[int], n: int, stop_at_eos: bool, options: dict) -> tuple[list[int], list[float]]:

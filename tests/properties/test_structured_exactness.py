@@ -23,7 +23,7 @@ from minigpt.gpt2.config import GPT2_VOCAB_SIZE
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
 from minigpt.engine.engine import Engine
-from minigpt.requests.request import make_request
+from requesting import new_request
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 
@@ -45,7 +45,7 @@ def constrained_requests(draw, model: Model) -> dict:
 
 
 def alone(model: Model, request: dict):
-    seq = Sequence(make_request(model, **request))
+    seq = Sequence(new_request(model, **request))
     for _ in cached_steps(model, seq):
         pass
     return seq.result(use_cache=True)
@@ -62,7 +62,7 @@ def assert_matches_its_constraint(model: Model, request: dict, result) -> None:
     if keyword is None:
         assert result.finish_reason != "stop"
         return
-    matcher = make_request(model, **request).processing[-1].start(())
+    matcher = new_request(model, **request).processing[-1].start(())
     for token in result.tokens:
         assert matcher.allowed()[token]
         if token != EOS:
@@ -89,9 +89,9 @@ def test_constrained_requests_get_bitwise_their_solo_results_in_any_batch_preemp
         assert_matches_its_constraint(model, r, result)
 
     def engine_results(engine: Engine, order) -> list:
-        checked = [make_request(model, **requests[i]) for i in order]
+        checked = [new_request(model, **requests[i]) for i in order]
         back = [None] * len(requests)
-        for j, result in engine.results(checked, [False] * len(checked)):
+        for j, result in engine.results(engine.jobs_for(checked)):
             back[order[j]] = result
         return back
 
@@ -128,7 +128,7 @@ def test_constrained_greedy_speculative_tokens_are_bitwise_plain_greedy_and_neve
     kind = data.draw(st.sampled_from(["ngram", "self", "random"]), label="drafter")
     k = data.draw(st.integers(1, 6), label="draft_tokens")
     plain = alone(model, request)
-    seq = Sequence(make_request(model, **request))
+    seq = Sequence(new_request(model, **request))
     drafter = {"ngram": NGramDrafter(), "self": ModelDrafter(model, seq.request.max_positions),
                "random": RandomDrafter(data.draw(st.integers(0, 99)))}[kind]
     for _ in speculative_steps(model, seq, drafter, k, DraftCounts()):

@@ -156,7 +156,8 @@ def test_a_slow_constraint_holds_up_its_own_sequence_only(tiny_model):
     plain = make_requests(tiny_model, [[464, 3290]], {"max_new_tokens": 24, "temperature": 0, "stop_at_eos": False})
     slow = make_requests(tiny_model, [[464]], {"max_new_tokens": 6, "temperature": 0, "regex": literal})
     engine = Engine(tiny_model, max_batch_size=4)
-    jobs = [engine.submit(plain[0], 0), engine.submit(slow[0], 1)]
+    jobs = engine.jobs_for([plain[0], slow[0]])
+    engine.submit(jobs)
     made = []  # after each step: (the plain one's tokens, the constrained one's)
     while engine.pending():
         engine.step()

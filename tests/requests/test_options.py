@@ -1,4 +1,4 @@
-"""A request's options are declared once (minigpt.requests.options.OPTIONS), and every interface is
+"""A request's options are declared once (minigpt.requests.request.OPTIONS), and every interface is
 held to the declaration: the API's keywords and defaults, the command line's flags, batch's keys
 and the server's fields. A bad value is one error naming the option, and each interface names it
 its own way from err.param: the keyword, the flag as typed, the JSON field, the line's key."""
@@ -16,7 +16,7 @@ import minigpt
 from minigpt.cli import build_parser
 from minigpt.cli.batch import KEYS
 from minigpt.errors import InputError
-from minigpt.requests.options import OPTIONS
+from minigpt.requests.request import OPTIONS
 
 BATCHED = [name for name, option in OPTIONS.items() if option.batched]
 BAD = {  # option -> a value its check refuses, and a word the message has

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from minigpt.errors import InputError, MinigptError
-from minigpt.requests.structured import compile_constraint, one_constraint
+from minigpt.requests.request import one_constraint
+from minigpt.requests.structured import compile_constraint
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 

@@ -18,13 +18,13 @@ from minigpt.errors import InputError
 from minigpt.engine.speculative import verify
 from minigpt.loop.loops import cached_steps
 from minigpt.loop.sequence import Sequence
-from minigpt.requests.request import make_request
+from requesting import new_request
 
 pytest.importorskip("llguidance", reason="the structured extra (llguidance) is not installed")
 
 
 def constrained(model, prompt, n, **options) -> Sequence:
-    seq = Sequence(make_request(model, prompt, n, **options))
+    seq = Sequence(new_request(model, prompt, n, **options))
     for _ in cached_steps(model, seq):
         pass
     return seq
@@ -77,7 +77,7 @@ def test_speculative_sampling_under_a_grammar_follows_the_masked_distribution(ti
     first token follows the first row's distribution renormalised over the allowed tokens (a
     forbidden draft is never kept), by Pearson's test at significance 0.001."""
     rng = np.random.default_rng(0)
-    request = make_request(tiny_model, [464], 2, temperature=1.0, regex="[abc][xyz]", stop_at_eos=False)
+    request = new_request(tiny_model, [464], 2, temperature=1.0, regex="[abc][xyz]", stop_at_eos=False)
     logits = rng.standard_normal((2, tiny_model.config.vocab_size)).astype(np.float32) * 3
     allowed = request.processing[-1].start(()).allowed()
     p = np.where(allowed, np.exp(logits[0].astype(np.float64) - logits[0].max()), 0.0)

@@ -332,15 +332,17 @@ def test_a_failed_step_still_answers_a_request_that_left_the_engine_at_its_start
     """A request with nothing to generate leaves the engine at the start of a step that then fails
     for another request: it gets its answer, the other its error, and the engine thread goes idle
     and stops (no ticket left behind, no step after step with nothing to do)."""
-    from minigpt.requests.request import make_request
+    from requesting import new_request
     from minigpt.server.engine_thread import EngineThread, Ticket
     from minigpt.server.metrics import Metrics
 
     fail_steps_feeding(7777, monkeypatch)
     updates = {}
-    tickets = [Ticket(0, make_request(model, ids, n), False, lambda u, name=name: updates.setdefault(name, []).append(u))
-               for name, ids, n in (("failing", [7777, 1], 3), ("nothing to generate", [1, 2], 0))]
     engine = minigpt.Engine(model, max_batch_size=4)
+    asked = (("failing", [7777, 1], 3), ("nothing to generate", [1, 2], 0))
+    jobs = engine.jobs_for([new_request(model, ids, n) for _, ids, n in asked])
+    tickets = [Ticket(job, lambda u, name=name: updates.setdefault(name, []).append(u))
+               for job, (name, _, _) in zip(jobs, asked)]
     thread = EngineThread(engine, Metrics(engine, "random-tiny"))
     thread.submit(tickets)
     thread.thread.start()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import minigpt
 from minigpt.loading.checkpoint import load_checkpoint
-from minigpt.requests.options import OPTIONS, check_options
+from minigpt.requests.request import OPTIONS, check_options
 from minigpt.loading.weights import params_to_tensors
 from minigpt.exact.kernels import EXACT, FAST
 from minigpt.engine.scheduler import EngineResult
