@@ -11,7 +11,7 @@
 The packages are the book's parts, read in this order (docs/README.md follows it); each package's
 docstring lists its modules in reading order:
 
-    errors    0. one exception hierarchy, importable from anywhere
+    errors    0. one exception hierarchy, and the checks of plain values every boundary makes
     gpt2      1. GPT-2, plainly
     cache     2. the KV cache
     loop      3. the loop and what it costs

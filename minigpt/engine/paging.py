@@ -103,11 +103,6 @@ class PagePool:
         return self.n_pages - int(self.free.sum()) - len(self.cached)
 
     @property
-    def available(self) -> int:
-        """Pages a cache can take: the free ones and the cached ones nobody holds (evicted first)."""
-        return int(self.free.sum()) + len(self.cached)
-
-    @property
     def page_bytes(self) -> int:
         """Bytes of keys and values one page holds."""
         return PAGE * kv_bytes_per_token(gpt2_architecture("pool", self.config))
@@ -118,7 +113,7 @@ class PagePool:
         needed = pages_for(n_positions) - len(cache.pages)
         if needed <= 0:
             return True
-        if needed > self.available:
+        if needed > int(self.free.sum()) + len(self.cached):  # free pages, and cached ones nobody holds (evicted first)
             return False
         for _ in range(needed):
             cache.pages.append(self._take(cache.pages[-1] + 1 if cache.pages else None))

@@ -1,8 +1,8 @@
 """The batched forward: several sequences' new positions through the weights together, each
 attending to its own keys and values only, every weight read once for all of them (docs/batching.md).
 
-The exact kernels read a sequence's keys in place, in runs of consecutive slots (`slot_runs`, a
-forward's Placement); their bits do not depend on where the runs break (minigpt.exact.attention),
+The exact kernels read a sequence's keys in place, in runs of consecutive slots (a forward's
+Placement); their bits do not depend on where the runs break (minigpt.exact.attention),
 so a paged, batched sequence gets bitwise gpt2.forward's logits.
 """
 
@@ -69,17 +69,13 @@ class Cache(Protocol):
     length: int
 
 
-def slot_runs(cache: Cache, n: int) -> list[tuple[int, int]]:
-    """Where positions 0 .. n-1 lie in a cache's store, as ranges of its slots (its third axis), in
-    order: a KVCache's in one stretch, another cache's as its runs(n) says."""
-    return [(0, n)] if isinstance(cache, KVCache) else cache.runs(n)
-
-
 def placement(cache: Cache, n: int) -> Placement:
     """The Placement of n new positions after a cache's: their slots, read off the runs (a slice when
     they follow each other, which writes faster)."""
     start, end = cache.length, cache.length + n
-    runs, parts, first = slot_runs(cache, end), [], 0  # first: the position a run begins with
+    # where positions 0 .. end-1 lie in the store, as ranges of its slots (its third axis), in order
+    runs = [(0, end)] if isinstance(cache, KVCache) else cache.runs(end)
+    parts, first = [], 0  # first: the position a run begins with
     for a, b in runs:
         lo, hi = max(start, first), min(end, first + b - a)  # the new positions in this run
         if lo < hi:

@@ -20,7 +20,7 @@ from ..errors import InputError, MinigptError, as_float, check_bool, check_ids, 
 from ..loop.processing import Penalties, Processing
 from ..loop.sampling import MAX_TOP_LOGPROBS, SamplingOptions
 from ..loop.sequence import Request, context_error, positions_needed
-from ..loading.model import Model, check_model
+from ..loading.model import Model
 from .structured import CONSTRAINTS, check_value, compile_constraint
 
 
@@ -147,13 +147,21 @@ OPTIONS = {option.name: option for option in [
 ]}
 
 
+DEFAULTS = {name: option.check(option.default, name) for name, option in OPTIONS.items()}  # each default, checked
+
+
 def check_options(values: dict, checked_before: dict | None = None) -> dict:
     """Every option checked, keyword -> value, the absent ones at their values in `checked_before`
-    (check_options' own result: the command line's under a batch line's) or at their defaults.
-    Needs no model (minigpt.requests.request checks against one)."""
+    (check_options' own result: the command line's under a batch line's) or at their defaults, each
+    checked once, in DEFAULTS. Needs no model (make_request checks against one)."""
     before = checked_before or {}
-    checked = {name: before[name] if name in before and name not in values
-               else option.check(values.get(name, option.default), name) for name, option in OPTIONS.items()}
+    checked = {}
+    for name, option in OPTIONS.items():
+        value = values.get(name, option.default)
+        if name not in values and name in before:
+            checked[name] = before[name]
+        else:
+            checked[name] = DEFAULTS[name] if value is option.default else option.check(value, name)
     one_constraint(checked)
     if checked["min_tokens"] > checked["max_new_tokens"]:
         raise InputError("{min_tokens} must be at most {max_new_tokens} ({maximum}), got {value}", "min_tokens",
@@ -238,7 +246,6 @@ def processing(values: dict, tokenizer, eos: int | None) -> tuple[Processing, ..
 def make_requests(model: Model, prompts, options: dict) -> list[Request]:
     """One checked Request per prompt. Each option is one value for all prompts or a list with one
     value per prompt (Option.per_prompt). A bad request is named by its index, before any work."""
-    check_model(model)
     if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
         raise InputError("{prompts} must be a list of token-id lists", "prompts")
     per_prompt = {}
