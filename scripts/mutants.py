@@ -104,7 +104,7 @@ MUTANTS = [
     bug("head-block-copied-into-gemv-n", "several rows read the head's wte.T in place, as one row does (gemv T)",
         "minigpt/exact/linear.py", "if T < COPY_ROWS or _columns(weight):", "if T < COPY_ROWS:",
         "tests/testing/test_testing.py", "tests/properties/test_batch_exactness.py"),
-    bug("page-tree-halves-unpadded", "pages are added up by one fixed tree, whatever the batch", "minigpt/exact/attention.py",
+    bug("tile-tree-halves-unpadded", "tiles are added up by one fixed tree, whatever the batch", "minigpt/exact/attention.py",
         "        half //= 2\n", "        half = (n + 1) // 2\n",
         "tests/gpt2/test_layers.py", "tests/properties/test_batch_exactness.py"),
     bug("exact-attention-without-headroom", "exact attention's undivided sums keep headroom", "minigpt/exact/attention.py",

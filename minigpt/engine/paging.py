@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..gpt2.config import GPT2Config
-from ..exact.attention import PAGE  # a page is the exact attention's unit of keys: it reads a page whole, in place
+from ..exact.attention import TILE
 from ..loop.cost import gpt2_architecture, kv_bytes_per_token
+
+PAGE = TILE  # positions per page: one tile of the exact attention's keys, which it reads whole, in place
 
 
 def pages_for(n_positions: int) -> int:

@@ -3,7 +3,7 @@ token ids, prompts, and requests' options drawn from their one declaration (mini
 constraints included.
 
 Weights come at several scales, from all zero to saturated softmax and GELU; sequences cross the
-exact attention kernel's pages.
+exact attention kernel's tiles (a page each in the pool).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from ..gpt2.config import GPT2_VOCAB_SIZE, GPT2Config
 from ..gpt2.params import GPT2Params
-from ..exact.attention import PAGE
 from ..exact.causal_proof import record_forward
 from ..exact.kernels import EXACT, BatchKernels
 from ..loading.checkpoint_writer import save_checkpoint
@@ -29,7 +28,7 @@ from ..loading.safetensors_format import ENCODINGS
 from ..loading.tokenizer import gpt2_tokenizer
 from ..loading.weights import expected_shapes, params_from_tensors, random_params
 from ..loop.sampling import MAX_TOP_LOGPROBS
-from ..engine.paging import pages_for
+from ..engine.paging import PAGE, pages_for
 
 SCALES = (0.0, 1.0, 30.0, 1000.0)  # 0.0 stands for the all-zero model
 

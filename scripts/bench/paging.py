@@ -20,8 +20,7 @@ import numpy as np
 from minigpt.engine.engine import Engine
 from minigpt.api.api import generate
 from minigpt.requests.request import make_requests
-from minigpt.exact.attention import PAGE
-from minigpt.engine.paging import pages_for
+from minigpt.engine.paging import PAGE, pages_for
 
 from .common import Report, RunInfo, Target, log, random_124m, timed
 

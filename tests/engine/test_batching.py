@@ -14,7 +14,7 @@ from minigpt.engine.engine import Engine
 from minigpt.api.api import generate_batch
 from minigpt.requests.request import make_requests
 from minigpt.errors import ContextLengthError, InputError
-from minigpt.exact.attention import PAGE
+from minigpt.engine.paging import PAGE
 
 
 def requests_and_pool(tiny_model, prompts, n, kv_cache_tokens, max_batch_size=3):

@@ -124,7 +124,7 @@ def test_proof_fails_where_the_mask_leaks(tiny_model):
 
 @pytest.mark.parametrize("directory", sorted(p.parent for p in FIXTURES.glob("*/config.json")), ids=lambda p: p.name)
 def test_proof_holds_on_every_checkpoint_layout_and_dtype_in_the_fixtures(directory):
-    """float32, float16 and bfloat16 files, hub and sharded layouts; 12 + 8 positions cross a PAGE."""
+    """float32, float16 and bfloat16 files, hub and sharded layouts; 12 + 8 positions cross a TILE."""
     assert prove(load(directory), list(range(1, 13)), 8).holds
 
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from minigpt.exact.attention import PAGE, BatchPart
+from minigpt.exact.attention import TILE, BatchPart
 from minigpt.exact.kernels import EXACT, FAST
 from minigpt.gpt2.layers import gelu, layer_norm, merge_heads, split_heads
 from minigpt.gpt2.params import LayerNorm
@@ -177,14 +177,14 @@ def test_attention_over_pages_scattered_in_runs_equals_one_contiguous_run(kernel
 
 
 def test_exact_attention_of_a_sequence_is_bitwise_the_same_beside_longer_ones(rng):
-    """A decode row attends over its own pages; beside sequences with more pages (whose extra pages
+    """A decode row attends over its own tiles; beside sequences with more tiles (whose extra tiles
     pad its sums in a shared array) its output is bit for bit what it is alone, signed zeros
     included (its values here are all -0.0)."""
     H, hd = 4, 16
     short_k = rng.standard_normal((H, 16, hd), dtype=np.float32)
     short_v = np.full((H, 16, hd), -0.0, np.float32)
-    long_k = rng.standard_normal((H, 320, hd), dtype=np.float32)  # 20 pages: sums over 8 or more
-    long_v = rng.standard_normal((H, 320, hd), dtype=np.float32)  # pages reassociate if pads count
+    long_k = rng.standard_normal((H, 320, hd), dtype=np.float32)  # 20 tiles: sums over 8 or more
+    long_v = rng.standard_normal((H, 320, hd), dtype=np.float32)  # tiles reassociate if pads count
     q = rng.standard_normal((H, 3, hd), dtype=np.float32)
     alone = EXACT.attend(q[:, :1], short_k[:, :10], short_v[:, :10])
     parts = [BatchPart(slice(0, 1), 10, [(short_k[:, :10], short_v[:, :10])]),
@@ -197,19 +197,19 @@ def test_exact_attention_of_a_sequence_is_bitwise_the_same_beside_longer_ones(rn
         np.testing.assert_array_equal(together[:, i:i + 1].view(np.uint32), single.view(np.uint32))
 
 
-def test_exact_attention_of_any_page_count_is_bitwise_the_same_beside_any_longer_row(rng):
-    """Each row's sum over pages is the tree over its own pages padded to its own power of two: a
-    row of n pages gives the same bits beside a row of m >= n pages, for every n <= m <= 12 (a tree
-    that halved the group's page count instead would pair a row's pages by the longest row's)."""
+def test_exact_attention_of_any_tile_count_is_bitwise_the_same_beside_any_longer_row(rng):
+    """Each row's sum over tiles is the tree over its own tiles padded to its own power of two: a
+    row of n tiles gives the same bits beside a row of m >= n tiles, for every n <= m <= 12 (a tree
+    that halved the group's tile count instead would pair a row's tiles by the longest row's)."""
     H, hd = 2, 8
-    k = rng.standard_normal((H, 12 * PAGE, hd), dtype=np.float32)
-    v = rng.standard_normal((H, 12 * PAGE, hd), dtype=np.float32)
+    k = rng.standard_normal((H, 12 * TILE, hd), dtype=np.float32)
+    v = rng.standard_normal((H, 12 * TILE, hd), dtype=np.float32)
     q = rng.standard_normal((H, 2, hd), dtype=np.float32)
     for n in range(1, 13):
-        alone = EXACT.attend(q[:, :1], k[:, :n * PAGE], v[:, :n * PAGE])
+        alone = EXACT.attend(q[:, :1], k[:, :n * TILE], v[:, :n * TILE])
         for m in range(n, 13):
-            parts = [BatchPart(slice(0, 1), n * PAGE, [(k[:, :n * PAGE], v[:, :n * PAGE])]),
-                     BatchPart(slice(1, 2), m * PAGE, [(k[:, :m * PAGE], v[:, :m * PAGE])])]
+            parts = [BatchPart(slice(0, 1), n * TILE, [(k[:, :n * TILE], v[:, :n * TILE])]),
+                     BatchPart(slice(1, 2), m * TILE, [(k[:, :m * TILE], v[:, :m * TILE])])]
             together = EXACT.attend_batch(q, parts)
             np.testing.assert_array_equal(together[:, :1].view(np.uint32), alone.view(np.uint32), f"{n} beside {m}")
 
@@ -217,8 +217,8 @@ def test_exact_attention_of_any_page_count_is_bitwise_the_same_beside_any_longer
 @pytest.mark.parametrize("kernels", [EXACT, FAST], ids=lambda k: k.name)
 def test_attention_over_a_cache_s_keys_in_place_is_bitwise_over_them_copied_whatever_follows(kernels, rng):
     """A KVCache hands attention views of its store cut at the length, whatever its slots past the
-    length hold (NaN here): the exact kernels read whole pages in place and copy a page the length
-    ends inside into a page of zeros, so the bits are those of the keys copied out. The fast kernels
+    length hold (NaN here): the exact kernels read whole tiles in place and copy a tile the length
+    ends inside into a tile of zeros, so the bits are those of the keys copied out. The fast kernels
     hand BLAS heads that lie apart, and BLAS promises no bits across layouts: the same values
     within rounding."""
     H, hd = 2, 8
