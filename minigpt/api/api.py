@@ -46,6 +46,14 @@ def sequence_and_steps(model: Model, request: Request, use_cache: bool, speculat
     return seq, steps_overflow_named(model, loop(model, seq), lambda: seq.ids), None
 
 
+def checked_request(model: Model, prompt_ids, max_new_tokens, options: dict) -> Request:
+    """The Request of a call of generate or stream (takes_options gives it every option), checked
+    once: the options, then they and the prompt against the model (truncate_prompt offered)."""
+    check_model(model)
+    return make_request(model, prompt_ids, check_options({**options, "max_new_tokens": max_new_tokens}),
+                        truncation_offered=True)
+
+
 @takes_options(batched=False)
 def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True, speculate=None,
              draft_tokens: int | None = None, on_step: Callable[[int, float], None] | None = None,
@@ -59,10 +67,8 @@ def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: b
     """
     if on_step is not None and not callable(on_step):
         raise InputError("{on_step} must be a function or None, got {value}", "on_step", value=type(on_step).__name__)
-    request = make_request(check_model(model), prompt_ids, check_options({**options, "max_new_tokens": max_new_tokens}),
-                           truncation_offered=True)
-    return generate_request(model, request, use_cache=use_cache, speculate=speculate, draft_tokens=draft_tokens,
-                            on_step=on_step)
+    return generate_request(model, checked_request(model, prompt_ids, max_new_tokens, options), use_cache=use_cache,
+                            speculate=speculate, draft_tokens=draft_tokens, on_step=on_step)
 
 
 def generate_request(model: Model, request: Request, *, use_cache: bool = True, speculate=None,
@@ -86,9 +92,8 @@ def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: boo
     """Yield the new tokens as they are produced, with `generate`'s keywords (without on_step),
     checked at the call. A token is held back while its text could still begin a stop string, so
     the streamed texts concatenate to generate's `text` (docs/sampling.md)."""
-    request = make_request(check_model(model), prompt_ids, check_options({**options, "max_new_tokens": max_new_tokens}),
-                           truncation_offered=True)
-    return stream_request(model, request, use_cache=use_cache, speculate=speculate, draft_tokens=draft_tokens)
+    return stream_request(model, checked_request(model, prompt_ids, max_new_tokens, options), use_cache=use_cache,
+                          speculate=speculate, draft_tokens=draft_tokens)
 
 
 def stream_request(model: Model, request: Request, *, use_cache: bool = True, speculate=None,

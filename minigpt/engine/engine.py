@@ -88,13 +88,16 @@ class Engine:
         """A job for each checked request (job i: request i, scoring its prompt if prompt_logprobs[i]),
         not yet queued. InputError about kv_cache_tokens, naming (err.prompt) the first request that
         could never fit in the pool: queued, it would wait for pages forever."""
+        scoring = [False] * len(requests) if prompt_logprobs is None else prompt_logprobs
+        if len(scoring) != len(requests):
+            raise InputError(f"{{prompt_logprobs}} has {len(scoring)} values for {len(requests)} prompts",
+                             "prompt_logprobs")
         for i, r in enumerate(requests):
             if pages_for(r.max_positions) > self.pool.n_pages:
                 raise InputError(f"{len(r.prompt)} prompt tokens + {r.max_new_tokens} new tokens need "
                                  f"{pages_for(r.max_positions) * PAGE} cache positions (whole pages of {PAGE}); "
                                  f"the pool holds {self.pool.n_pages * PAGE} ({{kv_cache_tokens}})",
                                  "kv_cache_tokens", prompt=i)
-        scoring = prompt_logprobs or [False] * len(requests)
         return [Job(i, Sequence(r), PagedCache(self.pool), p) for i, (r, p) in enumerate(zip(requests, scoring))]
 
     def submit(self, jobs: list[Job]) -> None:
@@ -162,15 +165,13 @@ class Engine:
         ...], bitwise minigpt.score's with the exact kernels (docs/api.md). max_new_tokens=0 scores only."""
         requests = make_requests(self.gpt, prompts, {**options, "max_new_tokens": max_new_tokens})
         scoring = prompt_logprobs if isinstance(prompt_logprobs, (list, tuple)) else [prompt_logprobs] * len(requests)
-        if len(scoring) != len(requests):
-            raise InputError(f"{{prompt_logprobs}} has {len(scoring)} values for {len(requests)} prompts",
-                             "prompt_logprobs")
         results: list[EngineResult | None] = [None] * len(requests)
         for i, result in self.results(self.jobs_for(requests, [check_bool(p, "prompt_logprobs") for p in scoring])):
             results[i] = result
         return results
 
-    def results(self, jobs: list[Job], on_tokens: Callable[[int], None] | None = None) -> Iterator[tuple[int, EngineResult]]:
+    def results(self, jobs: list[Job],
+                on_tokens: Callable[[int], None] | None = None) -> Iterator[tuple[int, EngineResult]]:
         """Queue jobs (jobs_for's) and run them to the end: (index, result) as each finishes; on_tokens(n)
         after every step that made n tokens. Jobs submitted otherwise run alongside but are not yielded."""
         with self._driving():

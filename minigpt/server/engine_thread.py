@@ -49,7 +49,8 @@ class Ticket:
 
     job: Job
     deliver: Callable[[Update], None]
-    cancelled: bool = False  # the fields below: the engine thread's alone
+    cancelled: bool = False
+    # the fields below: the engine thread's alone
     sent: int = 0  # tokens already delivered
     started: bool = False
     arrived: float = 0.0  # time.monotonic() when the engine thread took it
