@@ -47,9 +47,10 @@ pool of paged keys and values whose full pages are kept for the prompts that beg
 `generate` gives for that prompt alone, with the prefix cache or without. The defaults are
 generate's: greedy, stop at end of text."""
 
-EPILOG = """\
-INPUT: one JSON object per line, UTF-8 (a leading BOM skipped), at most 1 MiB a line and 100,000
+EPILOG = f"""\
+INPUT: one JSON object per line, UTF-8 (a leading BOM skipped), at most {binary(MAX_LINE_BYTES)} a line and {MAX_LINES:,}
 lines; blank lines are skipped (they still count in line numbers).
+""" + """\
   {"id": "a", "prompt": "The dog"}
   {"prompt_ids": [464, 3290], "max_new_tokens": 5, "temperature": 0.8, "seed": 1}
   "prompt"          text to continue (GPT-2's tokenizer), or

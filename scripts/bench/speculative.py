@@ -83,7 +83,8 @@ def decode(model, prompt: list[int], drafter: Drafter | None) -> dict:
     """Generate NEW_TOKENS greedily (speculating with `drafter` unless None), step by step: tokens,
     wall seconds, steps, the k of every step, drafted/accepted counts and the drafter's seconds."""
     recorder = None if drafter is None else Recorder(drafter)
-    seq, counts = Sequence(make_requests(model, [prompt], {"max_new_tokens": NEW_TOKENS, "stop_at_eos": False})[0]), DraftCounts()
+    seq = Sequence(make_requests(model, [prompt], {"max_new_tokens": NEW_TOKENS, "stop_at_eos": False})[0])
+    counts = DraftCounts()
     loop = (cached_steps(model, seq) if recorder is None else
             speculative_steps(model, seq, recorder, DRAFT_TOKENS, counts))
     ks, asked = [], 0

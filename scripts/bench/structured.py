@@ -58,7 +58,8 @@ def step_ms(model, prompts: list[list[int]], options: dict) -> float:
 def choice_us(model, prompt: list[int], options: dict) -> float:
     """The median time (us) a sequence with these options takes to choose one token from a row of
     random logits [vocab], its processing included, after NEW_TOKENS tokens it chose from that row."""
-    seq = Sequence(make_requests(model, [prompt], {**options, "max_new_tokens": NEW_TOKENS + 1, "stop_at_eos": False})[0])
+    options = {**options, "max_new_tokens": NEW_TOKENS + 1, "stop_at_eos": False}
+    seq = Sequence(make_requests(model, [prompt], options)[0])
     row = np.random.default_rng(0).standard_normal(model.config.vocab_size).astype(np.float32)
     for _ in range(NEW_TOKENS):  # tokens of its own choosing: a constraint's state follows them
         if not seq.done:
