@@ -89,11 +89,7 @@ class EngineBusyError(MinigptError):
 
 class NumericalError(MinigptError):
     """The forward's activations stopped being finite: finite weights too large for float32 overflowed.
-    In a batch, `sequence` is the engine's job whose logits did (its index and ids name and trace it)."""
-
-    def __init__(self, message: str, sequence: object = None):
-        super().__init__(message)
-        self.sequence = sequence
+    In a batch, `prompt` is the index of the prompt whose logits did."""
 
 
 def shown(value: object) -> str:

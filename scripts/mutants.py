@@ -140,7 +140,7 @@ MUTANTS = [
         'JSON_LAYOUT = {"whitespace_flexible": False,', 'JSON_LAYOUT = {"whitespace_flexible": True,',
         "tests/requests/test_structured.py"),
     bug("repetition-penalty-unbounded", "no value the controls' checks accept makes a logit infinite or NaN",
-        "minigpt/requests/request.py", "number(lambda v: MIN_REPETITION <= v <= MAX_REPETITION",
+        "minigpt/requests/request.py", "number(lambda v: MIN_REPETITION_PENALTY <= v <= MAX_REPETITION_PENALTY",
         "number(lambda v: 0 < v < math.inf", "tests/properties/test_controls_finite.py", "tests/loading/test_numerical_failures.py"),
     bug("logit-bias-same-token-twice", "logit_bias has one key per token (\"05\" and \"5\" are one token)",
         "minigpt/requests/request.py", "        if token in named:\n", "        if False:\n",
@@ -175,8 +175,8 @@ MUTANTS = [
     bug("speculative-keeps-rejected-keys", "the cache is cut back past the rejected drafts", "minigpt/engine/speculative.py",
         "cache.truncate(len(ids) + n_accepted)", "cache.truncate(len(ids) + n_accepted + 1)",
         "tests/properties/test_speculative_exactness.py", "tests/engine/test_speculative.py"),
-    bug("masks-in-the-step", "a costly mask holds up its own sequence only, never the batch", "minigpt/engine/scheduler.py",
-        "        if self.running and all(job in self.preparing for job in self.running):\n"
+    bug("masks-in-the-step", "a costly mask holds up its own sequence only, never the batch", "minigpt/engine/masks.py",
+        "        if jobs and all(job in self.preparing for job in jobs):\n"
         "            wait(self.preparing.values(), MASK_WAIT_SECONDS, FIRST_COMPLETED)\n",
         "        if self.preparing:\n            wait(self.preparing.values())\n",
         "tests/requests/test_constraint_limits.py::test_a_slow_constraint_holds_up_its_own_sequence_only"),

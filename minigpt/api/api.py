@@ -19,7 +19,7 @@ from ..requests.request import check_options, make_request, prepare_prompt, take
 from ..engine.drafters import check_speculation
 from ..engine.speculative import DraftCounts, SpeculativeResult, speculative_steps
 from ..engine.engine import MAX_BATCH_SIZE, Engine
-from ..engine.scheduler import EngineResult
+from ..engine.job import EngineResult
 from . import inspection, scoring
 
 

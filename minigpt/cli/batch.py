@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from ..requests.request import OPTIONS, check_against_model, check_options, from_json, make_request
 from ..engine.engine import MAX_BATCH_SIZE, Engine
-from ..engine.scheduler import Job
+from ..engine.job import Job
 from ..engine.paging import PAGE
 from ..errors import InputError, MinigptError, check_bool, unique_keys
 from ..loading.model import Model

@@ -1,7 +1,8 @@
 """The Engine: a page pool and a scheduler that last across calls, driven by one thread at a time;
 each prompt's result is as if it ran alone (docs/batching.md). A step is nano-vllm's
-LLMEngine.step: schedule, run the model once over the chosen jobs (minigpt.exact.batched), then
-record each job's token, prompt scores and newly full pages.
+LLMEngine.step: schedule (the jobs whose grammar mask is late sitting out), run the model once over
+the chosen jobs (minigpt.exact.batched), then record each job's token, prompt scores and newly full
+pages.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from ..requests.request import make_requests, takes_options
 from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
 from ..loop.sequence import Request, Sequence, check_finite
 from .paging import PAGE, PagedCache, PagePool, PageScores, PrefixEntry, chained_hashes, page_hash, page_tokens, pages_for
-from .scheduler import EngineResult, Job, Scheduler, Status
+from .job import EngineResult, Job, Status
+from .masks import MaskThread
+from .scheduler import Scheduler
 
 
 MAX_BATCH_SIZE = 16  # sequences decoded together, by default
@@ -51,6 +54,7 @@ class Engine:
                              "{kv_cache_tokens} or {max_batch_size}", "kv_cache_tokens", error=e) from None
         root = page_hash(f"{model.kernels.name} {id(model.params)}".encode(), ())  # the pool serves one model
         self.scheduler = Scheduler(self.pool, self.max_batch_size, check_bool(prefix_cache, "prefix_cache"), root)
+        self.masks = MaskThread()
         self._lock = threading.Lock()  # guards the two fields below
         self._driver: int | None = None  # the thread in a step, or in a run or results it started
         self._outside = False  # that thread runs the caller's code: an on_tokens, or the loop over results
@@ -132,7 +136,8 @@ class Engine:
         prefill for the newly admitted, one token for the others), record what it computed.
         Returns the jobs that finished and the tokens made."""
         with self._driving(within_run=True):
-            finished, jobs = self.scheduler.schedule()
+            finished, running = self.scheduler.schedule()
+            jobs = self.masks.ready(running)  # a job whose mask is not ready sits out
             if not jobs:
                 return finished, 0
             clock = time.perf_counter()
@@ -188,7 +193,7 @@ class Engine:
         token, its newly full pages; the tokens it made. A job that fails ends alone."""
         made = 0
         try:
-            check_finite(rows, job)  # the weights overflow on its ids
+            check_finite(rows)  # the weights overflow on its ids
             if job.needs_prompt_scores:
                 self._score_prompt(job, rows)
             if not job.seq.done:

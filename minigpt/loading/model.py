@@ -118,12 +118,9 @@ def read_only(part) -> None:
 
 def with_layer(gpt: GPT2, error: NumericalError, ids, cache: KVCache | None = None) -> NumericalError:
     """`error` naming the first layer whose output stopped being finite, found by tracing the forward
-    over ids again (after the cache's positions, whose keys and values it writes again, unchanged);
-    an engine's error, which carries its sequence, by tracing that sequence's ids."""
-    if error.sequence is not None:
-        ids, cache = error.sequence.seq.ids, None
+    over ids again (after the cache's positions, whose keys and values it writes again, unchanged)."""
     return NumericalError(f"{error} after {first_non_finite(gpt, ids, cache)}: the weights are finite but too "
-                          "large for float32 arithmetic", error.sequence)
+                          "large for float32 arithmetic")
 
 
 @contextmanager
@@ -141,8 +138,7 @@ DONE = object()  # what next() gives for a loop that has ended
 
 
 def steps_overflow_named(gpt: GPT2, steps: Iterator, ids: Callable[[], list[int]]) -> Iterator:
-    """The items of a loop, each computed in overflow_named_by_layer (over ids(), or from an engine,
-    over its sequence's)."""
+    """The items of a loop, each computed in overflow_named_by_layer over ids()."""
     while True:
         with overflow_named_by_layer(gpt, ids):
             item = next(steps, DONE)

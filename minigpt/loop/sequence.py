@@ -85,11 +85,11 @@ class StreamedToken:
     text: str | None
 
 
-def check_finite(logits: np.ndarray, sequence: object = None) -> None:
+def check_finite(logits: np.ndarray) -> None:
     """NumericalError unless every logit is finite: finite weights too large for float32 overflow in the
     forward, and a token cannot be chosen from NaN. One pass over the logits: what a step can afford."""
     if not np.isfinite(logits).all():
-        raise NumericalError("the activations are not finite (NaN or infinity)", sequence)
+        raise NumericalError("the activations are not finite (NaN or infinity)")
 
 
 @dataclass(eq=False)

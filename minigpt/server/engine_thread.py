@@ -21,7 +21,7 @@ from .completion_request import APIError, library_error
 from .completion_response import FINISH_REASONS
 from .metrics import Metrics
 from ..engine.engine import Engine, failure
-from ..engine.scheduler import Job
+from ..engine.job import Job
 from ..errors import NumericalError
 from ..loop.sequence import GenerationResult, StreamedToken
 

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..engine.engine import Engine
-from ..engine.scheduler import Job
+from ..engine.job import Job
 from .completion_request import (APIError, CompletionRequest, check_model_name, completion_request, encode_text,
                                  library_error, parse_json)
 from .completion_response import ChoiceStream, choice_json, envelope, usage_json

@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ..cache.kv_cache import KVCache, forward_cached
 from ..engine.engine import Engine
 from ..engine.paging import PAGE, chained_hashes, page_tokens, pages_for
-from ..engine.scheduler import Job, Status
+from ..engine.job import Job, Status
 from ..exact.kernels import EXACT
 from ..loading.model import Model
 from ..requests.request import check_options, make_request

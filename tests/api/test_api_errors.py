@@ -543,7 +543,7 @@ def test_an_overflow_in_a_batch_names_the_prompt_that_overflowed_and_its_first_l
         lambda: minigpt.Engine(model).generate(prompts, 3, stop_at_eos=False))
     with pytest.raises(NumericalError, match=r"^prompt 1: .*not finite .* after block 0 \(h\.0\)") as raised:
         call()
-    assert raised.value.sequence.index == 1
+    assert raised.value.prompt == 1
 
 
 def test_the_numerical_error_names_the_lm_head_when_only_the_logits_overflow(tiny_model):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from minigpt.errors import InputError
-from minigpt.requests.request import MAX_BIAS, MAX_PENALTY, MAX_REPETITION, MIN_REPETITION, check_options
+from minigpt.requests.request import MAX_BIAS, MAX_PENALTY, MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY, check_options
 from minigpt.requests.request import processing
 from minigpt.loop.sampling import SamplingOptions
 from minigpt.loop.sequence import Request, Sequence
@@ -45,7 +45,7 @@ def test_sampling_stays_finite_for_every_value_the_controls_checks_accept(data):
         "logit_bias": data.draw(st.dictionaries(st.integers(0, V - 1), bias, max_size=V), label="logit_bias"),
         "presence_penalty": data.draw(within(-MAX_PENALTY, MAX_PENALTY), label="presence"),
         "frequency_penalty": data.draw(within(-MAX_PENALTY, MAX_PENALTY), label="frequency"),
-        "repetition_penalty": data.draw(within(MIN_REPETITION, MAX_REPETITION) | beyond,
+        "repetition_penalty": data.draw(within(MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY) | beyond,
                                         label="repetition"),
         "min_tokens": data.draw(st.integers(0, len(new) + 1), label="min_tokens"),
     }

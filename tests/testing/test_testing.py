@@ -18,7 +18,7 @@ from minigpt.loading.checkpoint import load_checkpoint
 from minigpt.requests.request import OPTIONS, check_options
 from minigpt.loading.weights import params_to_tensors
 from minigpt.exact.kernels import EXACT, FAST
-from minigpt.engine.scheduler import EngineResult
+from minigpt.engine.job import EngineResult
 from minigpt.gpt2.layers import PLAIN, Kernels, attend
 from minigpt.engine.drafters import ModelDrafter, NGramDrafter
 from minigpt.gpt2.config import GPT2Config
