@@ -1,6 +1,6 @@
 """One exception hierarchy for every mistake a user can make and every fault minigpt detects
 (anything else escaping is a bug in minigpt, not a user's mistake), and the checks of plain values
-every public boundary makes: integers, booleans, numbers, token ids."""
+every public boundary makes: integers, booleans, numbers, token ids, JSON objects without a key twice."""
 
 import math
 import numbers

@@ -15,7 +15,7 @@ from ..loop.sequence import GenerationResult, Request, Sequence, StreamedToken, 
 from ..exact import causal_proof
 from ..loading.checks import check_stride
 from ..loading.model import Model, check_model, overflow_named_by_layer, steps_overflow_named
-from ..requests.request import check_options, make_request, prepare_prompt, takes_options
+from ..requests.request import DEFAULT_NEW_TOKENS, check_options, check_prompt, make_request, takes_options
 from ..engine.drafters import check_speculation
 from ..engine.speculative import DraftCounts, SpeculativeResult, speculative_steps
 from ..engine.engine import MAX_BATCH_SIZE, Engine
@@ -55,8 +55,8 @@ def checked_request(model: Model, prompt_ids, max_new_tokens, options: dict) -> 
 
 
 @takes_options(batched=False)
-def generate(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True, speculate=None,
-             draft_tokens: int | None = None, on_step: Callable[[int, float], None] | None = None,
+def generate(model: Model, prompt_ids, max_new_tokens: int = DEFAULT_NEW_TOKENS, *, use_cache: bool = True,
+             speculate=None, draft_tokens: int | None = None, on_step: Callable[[int, float], None] | None = None,
              **options) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` and time each one.
 
@@ -87,8 +87,8 @@ def generate_request(model: Model, request: Request, *, use_cache: bool = True, 
 
 
 @takes_options(batched=False)
-def stream(model: Model, prompt_ids, max_new_tokens: int = 40, *, use_cache: bool = True, speculate=None,
-           draft_tokens: int | None = None, **options) -> Iterator[StreamedToken]:
+def stream(model: Model, prompt_ids, max_new_tokens: int = DEFAULT_NEW_TOKENS, *, use_cache: bool = True,
+           speculate=None, draft_tokens: int | None = None, **options) -> Iterator[StreamedToken]:
     """Yield the new tokens as they are produced, with `generate`'s keywords (without on_step),
     checked at the call. A token is held back while its text could still begin a stop string, so
     the streamed texts concatenate to generate's `text` (docs/sampling.md)."""
@@ -115,7 +115,7 @@ def stream_request(model: Model, request: Request, *, use_cache: bool = True, sp
 
 
 @takes_options(batched=True)
-def generate_batch(model: Model, prompts, max_new_tokens=40, *, max_batch_size: int = MAX_BATCH_SIZE,
+def generate_batch(model: Model, prompts, max_new_tokens=DEFAULT_NEW_TOKENS, *, max_batch_size: int = MAX_BATCH_SIZE,
                    kv_cache_tokens: int | None = None, prefix_cache: bool = True, **options) -> list[EngineResult]:
     """Generate for every prompt (a list of token-id lists) on a one-shot Engine, up to
     `max_batch_size` together; the results in prompt order (docs/batching.md).
@@ -150,7 +150,7 @@ def prove(model: Model, prompt_ids, n_steps: int = 8) -> causal_proof.Proof:
     """causal_proof.prove on a checked prompt: every check of the argument that the cache is exact,
     run with the model's kernels, and the fast kernels' drift for contrast."""
     n_steps = check_int(n_steps, "n_steps", 2)  # the proof compares consecutive steps; n_steps new tokens
-    prompt = prepare_prompt(check_model(model), prompt_ids, n_steps)
+    prompt = check_prompt(check_model(model), prompt_ids, n_steps)
     with overflow_named_by_layer(model, prompt):
         return causal_proof.prove(model, prompt, n_steps)
 

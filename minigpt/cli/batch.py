@@ -17,7 +17,8 @@ from typing import Callable, Iterator
 
 from tqdm import tqdm
 
-from ..requests.request import OPTIONS, check_against_model, check_options, from_json, make_request
+from ..requests.request import OPTIONS, check_against_model, check_options, make_request
+from ..requests.token_keys import from_json
 from ..engine.engine import MAX_BATCH_SIZE, Engine
 from ..engine.job import Job
 from ..engine.paging import PAGE

@@ -15,7 +15,8 @@ from ..exact.kernels import KERNELS
 from ..loading.loader import load
 from ..loading.model import Model
 from ..loading.tokenizer import encode, no_tokenizer
-from ..requests.request import OPTIONS, by_token, check_options
+from ..requests.request import OPTIONS, check_options
+from ..requests.token_keys import by_token
 from ..requests.structured import MAX_CONSTRAINT_CHARS
 from .output import binary
 

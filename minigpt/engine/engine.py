@@ -17,10 +17,11 @@ import numpy as np
 from ..errors import EngineBusyError, InputError, MinigptError, NumericalError, check_bool, check_int
 from ..exact.batched import forward_batch
 from ..loading.model import Model, check_model, with_layer
-from ..requests.request import make_requests, takes_options
+from ..requests.request import DEFAULT_NEW_TOKENS, make_requests, takes_options
 from ..loop.sampling import log_softmax, token_log_prob, top_log_probs
 from ..loop.sequence import Request, Sequence, check_finite
-from .paging import PAGE, PagedCache, PagePool, PageScores, PrefixEntry, chained_hashes, page_hash, page_tokens, pages_for
+from .paging import (PAGE, PagedCache, PagePool, PageScores, PrefixEntry, chained_hashes, page_hash, page_tokens,
+                     pages_for)
 from .job import EngineResult, Job, Status
 from .masks import MaskThread
 from .scheduler import Scheduler
@@ -37,8 +38,8 @@ def pool_positions(n_positions: int, max_batch_size: int, kv_cache_tokens: int |
 
 
 class Engine:
-    """A page pool of kv_cache_tokens positions (default, and at most: a whole context per place in
-    the batch) and a scheduler that last across calls, with a prefix cache (docs/prefix-cache.md)."""
+    """A page pool (of pool_positions' size) and a scheduler that last across calls, with a prefix
+    cache (docs/prefix-cache.md)."""
 
     def __init__(self, model: Model, *, max_batch_size: int = MAX_BATCH_SIZE, kv_cache_tokens: int | None = None,
                  prefix_cache: bool = True):
@@ -165,7 +166,8 @@ class Engine:
                 self.step()
 
     @takes_options(batched=True)
-    def generate(self, prompts, max_new_tokens=40, *, prompt_logprobs=False, **options) -> list[EngineResult]:
+    def generate(self, prompts, max_new_tokens=DEFAULT_NEW_TOKENS, *, prompt_logprobs=False,
+                 **options) -> list[EngineResult]:
         """generate_batch with prompt_logprobs: result.prompt_logprobs is [None, log P(ids[1] | ids[:1]),
         ...], bitwise minigpt.score's with the exact kernels (docs/api.md). max_new_tokens=0 scores only."""
         requests = make_requests(self.gpt, prompts, {**options, "max_new_tokens": max_new_tokens})

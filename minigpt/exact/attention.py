@@ -2,7 +2,7 @@
 with it and wherever its keys lie in memory (docs/exactness.md, point 4).
 
 Query position t sees keys 0 .. L(t)-1, L(t) rounded up to a whole tile of TILE keys (keys after t
-get weight +0.0); each key is scored by one dot product, each tile's 16 terms are summed in a fixed
+get weight +0.0); each key is scored by one dot product, each tile's TILE terms are summed in a fixed
 order and the tiles by a fixed tree, and the softmax's sum divides once, at the end. Keys come in
 one run or in runs of whole tiles, read in place when each head's rows follow each other, as the
 caches store them (else copied into that layout). A run that ends at its tile's end is read whole, its
@@ -50,7 +50,7 @@ class _Unit(NamedTuple):
     rows: slice  # in q
     first: int  # the position of its first row
     n_tiles: int  # tiles attended: keys 0 .. TILE * n_tiles - 1
-    tiles: list[tuple[np.ndarray, np.ndarray]]  # those keys and values, in runs of whole tiles [H, TILE * p, hd]
+    runs: list[tuple[np.ndarray, np.ndarray]]  # those keys and values, in runs of whole tiles [H, TILE * p, hd]
 
 
 def _whole_tiles(segments: Segments, S: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -107,7 +107,7 @@ def _groups(parts: list[BatchPart]) -> list[list[_Unit]]:
     """Every sequence's query rows cut at tile edges into units, and consecutive units gathered into
     groups of at most GROUP_ROW_TILES rows x tiles (a unit alone may have more)."""
     groups: list[list[_Unit]] = [[]]
-    rows = tiles = 0
+    rows = widest = 0  # the group's rows so far, and its widest unit's tiles
     for part in parts:
         runs, stop = _whole_tiles(part.segments, part.length), part.length
         start = stop - (part.rows.stop - part.rows.start)
@@ -116,29 +116,29 @@ def _groups(parts: list[BatchPart]) -> list[list[_Unit]]:
         for a, b in zip(edges, edges[1:]):
             n_tiles = a // TILE + 1
             unit = _Unit(slice(a + to_row, b + to_row), a, n_tiles, _cut(runs, TILE * n_tiles))
-            if groups[-1] and (rows + b - a) * max(tiles, n_tiles) > GROUP_ROW_TILES:
+            if groups[-1] and (rows + b - a) * max(widest, n_tiles) > GROUP_ROW_TILES:
                 groups.append([])
-                rows = tiles = 0
+                rows = widest = 0
             groups[-1].append(unit)
-            rows, tiles = rows + b - a, max(tiles, n_tiles)
+            rows, widest = rows + b - a, max(widest, n_tiles)
     return groups
 
 
-def _add_tiles(tiles: np.ndarray) -> np.ndarray:
+def _add_tiles(sums: np.ndarray) -> np.ndarray:
     """Sum over the first axis, [P, ...] -> [...], by a fixed tree over P2 tiles, P rounded up to a
     power of two: in place, the second half of the tiles added to the first until one is left.
     Tiles P .. P2-1 are taken as -0.0: those additions change nothing (x + -0.0 == x for every
     float x, -0.0 included), so they are not made. A row's own tiles past its last are -0.0 too,
     or +0.0 in sums of terms >= 0 (the softmax's). So each row's sum is the tree over its own
     tiles, padded to its own power of two, however many more the other rows of its group have."""
-    n = tiles.shape[0]
+    n = sums.shape[0]
     half = 1 << (n - 1).bit_length()  # P2
     while half > 1:
         half //= 2
         pairs = n - half  # tiles i < pairs have a partner i + half that is held
-        np.add(tiles[:pairs], tiles[half:n], out=tiles[:pairs])
+        np.add(sums[:pairs], sums[half:n], out=sums[:pairs])
         n = half
-    return tiles[0]
+    return sums[0]
 
 
 def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -157,7 +157,7 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, 
     scores = np.empty((n_head, G, L), np.float32)  # [H, G, L]
     for u, a, b in spans:
         key = 0
-        for k, _ in u.tiles:
+        for k, _ in u.runs:
             m = k.shape[1]
             np.matmul(k[:, None], q[:, u.rows, :, None], out=scores[:, a:b, key:key + m, None])  # [H, n, m, 1]
             key += m
@@ -173,8 +173,8 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, 
     scores /= np.float32(math.sqrt(head_dim))
     scores -= np.maximum.reduce(scores, axis=-1, keepdims=True) + HEADROOM
     np.exp(scores, out=scores)  # [H, G, L]: the weights, before they are divided by their sum
-    tiles = np.empty((P, n_head, G, head_dim + 1), np.float32)  # [P, H, G, hd | the tile's sum]
-    partials = tiles.transpose(1, 2, 0, 3)  # [H, G, P, hd + 1] view
+    per_tile = np.empty((P, n_head, G, head_dim + 1), np.float32)  # [P, H, G, hd | the tile's sum]
+    partials = per_tile.transpose(1, 2, 0, 3)  # [H, G, P, hd + 1] view
     np.add.reduce(scores.reshape(n_head, G, P, TILE), axis=-1, out=partials[..., head_dim])
 
     # pass 3: each tile's weighted sum of values, TILE keys at a time: [TILE] @ [TILE, hd] -> [hd].
@@ -182,7 +182,7 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, 
         if u.n_tiles < P:
             partials[:, a:b, u.n_tiles:, :head_dim] = -0.0  # tiles past the unit's last add nothing
         tile = 0
-        for _, v in u.tiles:
+        for _, v in u.runs:
             p = v.shape[1] // TILE
             w = scores[:, a:b, tile * TILE:(tile + p) * TILE].reshape(n_head, b - a, p, 1, TILE)
             np.matmul(w, v.reshape(n_head, 1, p, TILE, head_dim), out=partials[:, a:b, tile:tile + p, None, :head_dim])
@@ -190,7 +190,7 @@ def _attend(q: np.ndarray, units: list[_Unit]) -> tuple[np.ndarray, np.ndarray, 
 
     # pass 4: each query's tiles added up by a fixed tree, values and weights' sums alike; the
     # values divided by the sum once, at the end.
-    total = _add_tiles(tiles)  # [P, H, G, hd + 1] -> [H, G, hd + 1]
+    total = _add_tiles(per_tile)  # [P, H, G, hd + 1] -> [H, G, hd + 1]
     sums = total[..., head_dim:]  # [H, G, 1]
     return total[..., :head_dim] / sums, scores, sums  # [H, G, hd]
 

@@ -5,4 +5,5 @@ Modules, in reading order:
     structured  structured outputs: a regex, JSON schema, choice or grammar, each step's logits masked to it
     request     a request's options declared once and checked in one pass, then with the prompt against
                 the model into the Request
+    token_keys  options given as text (JSON, flags): logit_bias's keys read as the token ids they name
 """

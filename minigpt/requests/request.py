@@ -24,6 +24,7 @@ from ..loading.model import Model
 from .structured import CONSTRAINTS, check_value, compile_constraint
 
 
+DEFAULT_NEW_TOKENS = 40  # max_new_tokens when none is given
 MAX_BIAS, MAX_PENALTY = 100, 2  # OpenAI's bounds on logit_bias and on the presence and frequency penalties
 # The repetition penalty's bounds: a float32 logit (< 3.5e38) plus a bias, divided or multiplied by at
 # most 1e100, stays below 1e139, far inside float64, so no penalised logit is infinite and nothing after
@@ -108,7 +109,7 @@ def integer(minimum: int, maximum: int | None = None) -> Callable[[object, str],
 
 penalty = number(lambda v: -MAX_PENALTY <= v <= MAX_PENALTY, f"a number in [-{MAX_PENALTY}, {MAX_PENALTY}]")
 OPTIONS = {option.name: option for option in [
-    Option("max_new_tokens", 40, "at most this many new tokens", integer(0), int, "--max-new-tokens", "max_tokens"),
+    Option("max_new_tokens", DEFAULT_NEW_TOKENS, "at most this many new tokens", integer(0), int, "--max-new-tokens", "max_tokens"),
     Option("temperature", 0.0, "0 is greedy; higher samples more freely",
            number(lambda v: 0 <= v < math.inf, "a finite number >= 0"), float, "--temperature", "temperature"),
     Option("top_k", None, "sample among the k most likely tokens", optional(integer(1)), int, "--top-k", "top_k"),
@@ -150,13 +151,13 @@ OPTIONS = {option.name: option for option in [
 ]}
 
 
-DEFAULTS = {name: option.check(option.default, name) for name, option in OPTIONS.items()}  # each default, checked
+CHECKED_DEFAULTS = {name: option.check(option.default, name) for name, option in OPTIONS.items()}
 
 
 def check_options(values: dict, checked_before: dict | None = None) -> dict:
     """Every option checked, keyword -> value, the absent ones at their values in `checked_before`
     (check_options' own result: the command line's under a batch line's) or at their defaults, each
-    checked once, in DEFAULTS. Needs no model (make_request checks against one)."""
+    checked once, in CHECKED_DEFAULTS. Needs no model (make_request checks against one)."""
     before = checked_before or {}
     checked = {}
     for name, option in OPTIONS.items():
@@ -164,7 +165,7 @@ def check_options(values: dict, checked_before: dict | None = None) -> dict:
         if name not in values and name in before:
             checked[name] = before[name]
         else:
-            checked[name] = DEFAULTS[name] if value is option.default else option.check(value, name)
+            checked[name] = CHECKED_DEFAULTS[name] if value is option.default else option.check(value, name)
     one_constraint(checked)
     if checked["min_tokens"] > checked["max_new_tokens"]:
         raise InputError("{min_tokens} must be at most {max_new_tokens} ({maximum}), got {value}", "min_tokens",
@@ -187,7 +188,7 @@ def make_request(model: Model, prompt_ids, values: dict, truncation_offered: boo
     checked against the model. truncation_offered: the caller has a truncate_prompt option, which a
     prompt too long for the context is refused pointing to."""
     check_against_model(model, values)
-    prompt = prepare_prompt(model, prompt_ids, values["max_new_tokens"],
+    prompt = check_prompt(model, prompt_ids, values["max_new_tokens"],
                             values["truncate_prompt"] if truncation_offered else None)
     eos = model.config.eos_token_id if values["stop_at_eos"] else None
     # the text, the stop strings and a constraint need the tokenizer: it is built now, before any work
@@ -209,9 +210,10 @@ def check_against_model(model: Model, values: dict) -> None:
                          "logit_bias", value=shown(outside[0]), vocab_size=model.config.vocab_size)
 
 
-def prepare_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_prompt: bool | None = None) -> list[int]:
-    """Check a prompt before any work (max_new_tokens checked): its ids, and that the generation fits in n_positions
-    (positions_needed: the last new token is never fed, so prompt + new tokens - 1 positions).
+def check_prompt(model: Model, prompt_ids, max_new_tokens: int, truncate_prompt: bool | None = None) -> list[int]:
+    """A prompt checked before any work (max_new_tokens checked), as it is fed: its ids, and that the
+    generation fits in n_positions (positions_needed: the last new token is never fed, so prompt + new
+    tokens - 1 positions).
 
     An empty prompt starts from <|endoftext|>, as GPT-2's unconditional samples do. With
     `truncate_prompt`, a prompt too long to leave room for the new tokens keeps its last tokens;
@@ -266,43 +268,6 @@ def make_requests(model: Model, prompts, options: dict) -> list[Request]:
             e.prompt = i
             raise
     return requests
-
-
-def from_json(name: str, value: object) -> object:
-    """A JSON value (a batch line's, a request body's) as the API takes it: JSON's keys are strings,
-    so the ids of an option of ID=VALUE pairs (logit_bias) come as "50256" (by_token)."""
-    if OPTIONS[name].kind is dict and isinstance(value, dict):
-        return by_token(value.items(), name)
-    return value
-
-
-MAX_ID_DIGITS = 18  # an id of more digits (leading zeros aside) is in no vocabulary
-
-
-def token_key(key: object, name: str) -> object:
-    """A key of an option of ID=VALUE pairs given as text (JSON's, a flag's) as the token id it names:
-    ASCII digits, leading zeros allowed ("05" is 5). Any other key is left for the check to name; one
-    of more than MAX_ID_DIGITS digits is refused before Python's limit on converting long digit strings."""
-    if not (isinstance(key, str) and key.isascii() and key.isdecimal()):
-        return key
-    digits = key.lstrip("0") or "0"
-    if len(digits) > MAX_ID_DIGITS:
-        raise InputError(f"{{{name}}} has the key {{value}}, a number of {len(digits):,} digits: no vocabulary "
-                         "has such a token id", name, value=shown(key))
-    return int(digits)
-
-
-def by_token(pairs, name: str) -> dict:
-    """(key as text, value) pairs as token id -> value (token_key): one key per token, so two keys
-    naming the same token ("5" and "05") are refused, as a body's duplicate keys are."""
-    named: dict = {}  # token id (or a key that is none) -> (its key, its value)
-    for key, value in pairs:
-        token = token_key(key, name)
-        if token in named:
-            raise InputError(f"{{{name}}} names token {{token}} twice, as {{first}} and {{value}}: give each "
-                             "token one key", name, token=shown(token), first=shown(named[token][0]), value=shown(key))
-        named[token] = key, value
-    return {token: value for token, (_, value) in named.items()}
 
 
 def takes_options(batched: bool) -> Callable:

@@ -15,15 +15,15 @@ import secrets
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..requests.request import OPTIONS, check_options, from_json, make_request
+from ..requests.request import OPTIONS, check_options, make_request
+from ..requests.token_keys import from_json
 from ..requests.structured import CONSTRAINTS
 from ..errors import ContextLengthError, InputError, MinigptError, check_int, unique_keys
 from ..loading.model import Model
-from ..loop.sampling import MAX_TOP_LOGPROBS
 from ..loop.sequence import GenerationResult, Request
 from ..loading.tokenizer import encode, no_tokenizer, token_text
 
-DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}  # OpenAI's, where they are not the library's
+OPENAI_DEFAULTS = {"max_new_tokens": 16, "temperature": 1.0}  # OpenAI's, where they are not the library's
 MAX_N = 128  # OpenAI's bound on `n`
 MAX_BEST_OF = 20  # OpenAI's bound on `best_of`
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 32, 1000  # stop strings are matched at every token: bounded, as OpenAI bounds them
@@ -127,8 +127,7 @@ def completion_request(model: Model, served_name: str, body: dict, capacity: int
     n = option(body, "n", 1, lambda v: check_int(v, "n", 1) <= MAX_N, f"an integer in 1..{MAX_N}")
     best_of = option(body, "best_of", n, lambda v: n <= check_int(v, "best_of", 1) <= MAX_BEST_OF,
                      f"an integer in n..{MAX_BEST_OF} (n is {n})")
-    logprobs = option(body, "logprobs", None, lambda v: 0 <= check_int(v, "logprobs", 0) <= MAX_TOP_LOGPROBS,
-                      f"an integer in 0..{MAX_TOP_LOGPROBS}")
+    logprobs = body.get("logprobs")  # None: no logprobs; else checked with the options, as top_logprobs
     echo, stream, ignore_eos, token_ids = (option(body, name, False, lambda v: isinstance(v, bool), "true or false")
                                            for name in ("echo", "stream", "ignore_eos", "return_tokens_as_token_ids"))
     if stream and best_of > n:
@@ -146,8 +145,8 @@ def completion_request(model: Model, served_name: str, body: dict, capacity: int
     constraint = constraint_field(body)  # (field, keyword, value) or None
     if constraint is not None:
         options[constraint[1]] = constraint[2]
-    options = {**{name: value for name, value in DEFAULTS.items() if name not in options}, **options,
-               "stop_at_eos": not ignore_eos, "stop": check_stop_field(body.get("stop")), "top_logprobs": logprobs or 0}
+    options = {**{name: value for name, value in OPENAI_DEFAULTS.items() if name not in options}, **options,
+               "stop_at_eos": not ignore_eos, "stop": check_stop_field(body.get("stop")), "top_logprobs": 0 if logprobs is None else logprobs}
     if options.get("seed") is None:
         options["seed"] = secrets.randbits(63)  # OpenAI samples at random without a seed: so does the server
     prompts = prompt_ids(model, body["prompt"])
@@ -164,8 +163,8 @@ def completion_request(model: Model, served_name: str, body: dict, capacity: int
             e.prompt = i
             raise library_error(e, len(prompts), fields) from None
     empty = [not ids for ids in prompts]  # started from <|endoftext|>, which echo does not show
-    return CompletionRequest(requests, n, best_of, requests[0].sampling.seed, echo, logprobs, stream, include_usage,
-                             empty, token_ids)
+    return CompletionRequest(requests, n, best_of, requests[0].sampling.seed, echo,
+                             None if logprobs is None else values["top_logprobs"], stream, include_usage, empty, token_ids)
 
 
 def constraint_field(body: dict) -> tuple[str, str, object] | None:

@@ -203,7 +203,7 @@ class Preparation:
 
     def __init__(self):
         self.stopped = asyncio.Event()
-        self.slots = asyncio.Semaphore(PREPARING)
+        self.places = asyncio.Semaphore(PREPARING)
 
     def stop(self) -> None:
         """Answer every preparation not done, and any begun later, 503 (on the event loop)."""
@@ -222,7 +222,7 @@ class Preparation:
             with contextlib.suppress(RuntimeError):  # the loop closed first: nobody is waiting
                 loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
 
-        async with self.slots:
+        async with self.places:
             threading.Thread(target=run, name="minigpt-prepare", daemon=True).start()
             stop = asyncio.ensure_future(self.stopped.wait())
             try:

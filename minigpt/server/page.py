@@ -17,7 +17,7 @@ from ..errors import MinigptError
 from ..api.api import head_attention
 from .completion_request import APIError
 
-INSPECT_IN_FLIGHT = 4  # /inspect requests held at once, computing or waiting for the slot; more are a 429
+INSPECT_IN_FLIGHT = 4  # /inspect requests held at once, computing or waiting for their turn; more are a 429
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"), "/page.js": ("page.js", "text/javascript; charset=utf-8"),
           "/page.css": ("page.css", "text/css; charset=utf-8")}
 
@@ -35,8 +35,8 @@ def routes(service) -> list[Route]:
     async def metrics(request: HTTPRequest) -> Response:
         return Response(service.metrics.exposition(), media_type=service.metrics.CONTENT_TYPE)
 
-    slot = threading.BoundedSemaphore(1)  # one /inspect computes at a time, in a worker thread
-    in_flight = [0]  # /inspect requests computing or waiting for the slot (the event loop's alone)
+    turn = threading.BoundedSemaphore(1)  # one /inspect computes at a time, in a worker thread
+    in_flight = [0]  # /inspect requests computing or waiting for their turn (the event loop's alone)
 
     async def attention(request: HTTPRequest) -> Response:
         """{"tokens": ids, "layer": L, "head": H} -> {"layer", "head", "attention": [T][T]}: row t is
@@ -54,7 +54,7 @@ def routes(service) -> list[Route]:
                                "later", None, "queue_full", 429, "rate_limit_error")
             in_flight[0] += 1
             try:
-                content = await service.preparation.run(one_at_a_time, slot, inspected, service.model, body)
+                content = await service.preparation.run(one_at_a_time, turn, inspected, service.model, body)
             except APIError:  # the server stopped first (503)
                 raise
             except MinigptError as e:
@@ -68,9 +68,9 @@ def routes(service) -> list[Route]:
             Route("/inspect", attention, methods=["POST"])]
 
 
-def one_at_a_time(slot: threading.BoundedSemaphore, function, *args):
-    """function(*args) once the slot is free (in a worker thread: the event loop never waits)."""
-    with slot:
+def one_at_a_time(turn: threading.BoundedSemaphore, function, *args):
+    """function(*args) at its turn (in a worker thread: the event loop never waits)."""
+    with turn:
         return function(*args)
 
 

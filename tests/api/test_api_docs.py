@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from pathlib import Path
 
 import minigpt
@@ -42,3 +43,22 @@ def test_every_public_name_method_field_and_keyword_is_documented():
     missing += [f"errors.{e}" for e in dir(minigpt.errors) if e.endswith("Error") and f"`{e}`" not in API
                 and f"`minigpt.{e}`" not in API]
     assert not missing, f"docs/api.md does not document: {missing}"
+
+
+def test_the_options_table_gives_every_declared_option_its_default_and_bounds():
+    """docs/api.md's table of options against their one declaration (minigpt.requests.request.OPTIONS):
+    a row for each, its default as declared, and the bounds that constants set written as they are."""
+    from minigpt.loop.sampling import MAX_TOP_LOGPROBS
+    from minigpt.requests.request import MAX_BIAS, MAX_PENALTY, OPTIONS, REPETITION_RANGE
+
+    rows = {}  # keyword -> (default, bounds)
+    for line in API.splitlines():
+        cells = [cell.strip() for cell in re.split(r"(?:^|\s)\|(?=\s|$)", line.strip())][1:-1]  # not <|endoftext|>
+        keywords = re.findall(r"`(\w+)`", cells[0]) if line.startswith("| `") and len(cells) == 4 else []
+        if keywords and all(keyword in OPTIONS for keyword in keywords):
+            rows.update({keyword: (cells[1], cells[3]) for keyword in keywords})
+    assert sorted(rows) == sorted(OPTIONS)
+    assert {name: rows[name][0] for name in OPTIONS} == {name: repr(o.default) for name, o in OPTIONS.items()}
+    bounds = {"top_logprobs": f"0 .. {MAX_TOP_LOGPROBS}", "logit_bias": f"[-{MAX_BIAS}, {MAX_BIAS}]",
+              "presence_penalty": f"[-{MAX_PENALTY}, {MAX_PENALTY}]", "repetition_penalty": REPETITION_RANGE}
+    assert {name: text in rows[name][1] for name, text in bounds.items()} == dict.fromkeys(bounds, True)

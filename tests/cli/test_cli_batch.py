@@ -343,7 +343,7 @@ def test_a_pipe_such_as_a_process_substitution_is_read(capsys, tmp_path, small):
 @pytest.mark.skipif(sys.platform == "win32", reason="a non-blocking pipe is a POSIX descriptor flag")
 def test_a_non_blocking_stdout_with_a_slow_reader_still_gets_every_line_whole(tmp_path, tokenizer):
     """Whoever makes the pipe may set O_NONBLOCK on it: a full pipe then refuses a write (EAGAIN),
-    which used to end the command with part of a line and "Resource temporarily unavailable"."""
+    which the command waits out, never ending with part of a line and "Resource temporarily unavailable"."""
     source = write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [i + 1] * 5, "top_logprobs": 20} for i in range(2)])
     read, write = os.pipe()
     os.set_blocking(write, False)
@@ -489,7 +489,7 @@ def test_a_signal_while_a_slow_pipe_takes_a_long_line_leaves_only_whole_lines(tm
                                                                               unbuffered):
     """Lines of ~300 kB into a pipe of 64 KiB that nobody reads: the command is blocked inside line
     1 when the signal comes. It finishes the line as the pipe is drained, then stops as the signal
-    says. Unbuffered (python -u), a short write used to drop the rest of the line silently."""
+    says. Unbuffered (python -u), a short write is followed by the rest of the line, never dropped."""
     import fcntl
     import termios
 

@@ -160,7 +160,7 @@ def test_a_closed_stdin_is_a_usage_error_for_batch(capsys, monkeypatch):
 @requires_dev_full
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_full_stdout_is_one_error_line_and_exit_1(capsys, monkeypatch, prompts, command):
-    """cost, prove and staircase used to exit 0 with their output lost: the last flush is checked."""
+    """cost, prove and staircase check their last flush too: output lost is never an exit 0."""
     with open("/dev/full", "w") as full:
         monkeypatch.setattr(sys, "stdout", full)
         code = run_main(commands(prompts)[command])

@@ -74,7 +74,7 @@ def test_a_text_longer_than_the_context_is_scored_with_the_stride(capsys, tiny_m
 
 
 def test_a_leading_bom_is_skipped_as_utf_8_sig_skips_it(capsys, tmp_path):
-    """A BOM used to be scored as three U+FFFD tokens."""
+    """A BOM is skipped, never scored as three U+FFFD tokens."""
     path = tmp_path / "bom.txt"
     path.write_bytes(codecs.BOM_UTF8 + TEXT.encode())
     assert score_json(capsys, "--file", str(path)) == score_json(capsys, TEXT)

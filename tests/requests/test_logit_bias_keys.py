@@ -13,7 +13,8 @@ from commands import run
 
 import minigpt
 from minigpt.errors import InputError
-from minigpt.requests.request import check_options, from_json
+from minigpt.requests.request import check_options
+from minigpt.requests.token_keys import from_json
 
 HUGE = "1" * 5000  # int() of it raises ValueError (Python's 4,300-digit limit)
 CASES = [  # keys, a phrase of the error

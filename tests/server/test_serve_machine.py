@@ -242,7 +242,7 @@ ServerMachine.TestCase.settings = settings(max_examples=8, stateful_step_count=1
 
 
 @pytest.fixture(autouse=True, scope="module")
-def model(tiny_model, tokenizer):
+def machine_model(tiny_model, tokenizer):
     ServerMachine.model = tiny_model
 
 
