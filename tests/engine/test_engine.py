@@ -178,3 +178,22 @@ def test_the_weights_are_read_only_so_cached_pages_cannot_go_stale(tiny_model):
     for array in (params.wte, params.wpe, params.h[0].attn.c_attn.weight, params.ln_f.bias):
         with pytest.raises(ValueError, match="read-only"):
             array[0] = 1.0
+
+
+def test_a_scored_page_taking_a_held_page_s_place_in_the_prefix_cache_leaves_it_held(tiny_model):
+    """Job a (no prompt scores) has its prompt's first page in the prefix cache; job b, the same prompt
+    with prompt_logprobs, computes that page again with its scores, and b's page takes its place in the
+    cache. a's page leaves the cache but stays a's: never free while a holds it, so no other job is given
+    it, and a's tokens are its own alone."""
+    prompt = list(range(1, 25))  # one full page and part of another
+    engine = minigpt.Engine(tiny_model)
+    a = submitted(engine, new_request(tiny_model, prompt, 30, stop_at_eos=False))
+    engine.step()  # a's prefill registers its first page, without scores
+    first = a.cache.pages[0]
+    b = submitted(engine, new_request(tiny_model, prompt, 20, stop_at_eos=False), prompt_logprobs=True)
+    engine.step()  # b's prefill: the same page with its scores, registered in a's page's place
+    assert b.cache.pages[0] != first and engine.pool.entries[b.cache.pages[0]].scores is not None
+    assert first not in engine.pool.entries and not engine.pool.free[first]
+    list(engine.run())
+    alone = minigpt.generate(tiny_model, prompt, 30, stop_at_eos=False)
+    assert (a.result().tokens, a.result().logprobs) == (alone.tokens, alone.logprobs)
