@@ -143,8 +143,8 @@ class Engine:
                 return finished, 0
             clock = time.perf_counter()
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is its job's NumericalError
-                logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs], [job.cache for job in jobs],
-                                       [0 if job.needs_prompt_scores else 1 for job in jobs])
+                logits = forward_batch(self.gpt, [job.seq.ids[job.cache.length:] for job in jobs],
+                                       [job.cache for job in jobs], [0 if job.needs_prompt_scores else 1 for job in jobs])
             made = sum(self._record(job, rows, clock) for job, rows in zip(jobs, logits))  # rows [T or 1, vocab]
             return finished + self.scheduler.finish(jobs), made
 
@@ -227,7 +227,10 @@ class Engine:
     def _register(self, job: Job, rows: np.ndarray) -> None:
         """Put the job's newly full pages into the prefix cache, with their scores when this step
         computed them (a scoring prefill of the page's positions)."""
-        ids, start, first, stop = job.seq.ids, job.cache.length - len(rows), len(job.hashes), job.cache.length // PAGE
+        first, stop = len(job.hashes), job.cache.length // PAGE
+        if first == stop:  # no page filled since the last step: most decode steps
+            return
+        ids, start = job.seq.ids, job.cache.length - len(rows)
         parent = job.hashes[-1] if job.hashes else self.scheduler.root
         for i, h in zip(range(first, stop), chained_hashes(parent, ids, first, stop)):
             job.hashes.append(h)

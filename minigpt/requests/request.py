@@ -141,10 +141,10 @@ OPTIONS = {option.name: option for option in [
            optional(check_value("regex")), str, "--regex", "guided_regex"),
     Option("json_schema", None, "the new text must be JSON valid under this JSON schema",
            optional(check_value("json_schema")), str, "--json-schema", "guided_json"),
-    Option("choice", None, "the new text must be one of these strings", optional(check_value("choice")), list, "--choice",
-           "guided_choice"),
-    Option("grammar", None, "the new text must match this Lark grammar (or llama.cpp's GBNF)", optional(check_value("grammar")),
-           str, "--grammar", "guided_grammar"),
+    Option("choice", None, "the new text must be one of these strings", optional(check_value("choice")), list,
+           "--choice", "guided_choice"),
+    Option("grammar", None, "the new text must match this Lark grammar (or llama.cpp's GBNF)",
+           optional(check_value("grammar")), str, "--grammar", "guided_grammar"),
     Option("truncate_prompt", False, "if prompt + new tokens - 1 (the last is never fed) exceed the context, keep "
                                      "only the prompt's last tokens", check_bool, bool, "--truncate-prompt", None,
            batched=False),
@@ -161,10 +161,10 @@ def check_options(values: dict, checked_before: dict | None = None) -> dict:
     before = checked_before or {}
     checked = {}
     for name, option in OPTIONS.items():
-        value = values.get(name, option.default)
-        if name not in values and name in before:
-            checked[name] = before[name]
+        if name not in values:
+            checked[name] = before.get(name, CHECKED_DEFAULTS[name])
         else:
+            value = values[name]
             checked[name] = CHECKED_DEFAULTS[name] if value is option.default else option.check(value, name)
     one_constraint(checked)
     if checked["min_tokens"] > checked["max_new_tokens"]:
@@ -189,7 +189,7 @@ def make_request(model: Model, prompt_ids, values: dict, truncation_offered: boo
     prompt too long for the context is refused pointing to."""
     check_against_model(model, values)
     prompt = check_prompt(model, prompt_ids, values["max_new_tokens"],
-                            values["truncate_prompt"] if truncation_offered else None)
+                          values["truncate_prompt"] if truncation_offered else None)
     eos = model.config.eos_token_id if values["stop_at_eos"] else None
     # the text, the stop strings and a constraint need the tokenizer: it is built now, before any work
     tokenizer = None if model.tokenizer_loader is None else model.tokenizer

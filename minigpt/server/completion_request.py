@@ -146,7 +146,8 @@ def completion_request(model: Model, served_name: str, body: dict, capacity: int
     if constraint is not None:
         options[constraint[1]] = constraint[2]
     options = {**{name: value for name, value in OPENAI_DEFAULTS.items() if name not in options}, **options,
-               "stop_at_eos": not ignore_eos, "stop": check_stop_field(body.get("stop")), "top_logprobs": 0 if logprobs is None else logprobs}
+               "stop_at_eos": not ignore_eos, "stop": check_stop_field(body.get("stop")),
+               "top_logprobs": 0 if logprobs is None else logprobs}
     if options.get("seed") is None:
         options["seed"] = secrets.randbits(63)  # OpenAI samples at random without a seed: so does the server
     prompts = prompt_ids(model, body["prompt"])
@@ -164,7 +165,8 @@ def completion_request(model: Model, served_name: str, body: dict, capacity: int
             raise library_error(e, len(prompts), fields) from None
     empty = [not ids for ids in prompts]  # started from <|endoftext|>, which echo does not show
     return CompletionRequest(requests, n, best_of, requests[0].sampling.seed, echo,
-                             None if logprobs is None else values["top_logprobs"], stream, include_usage, empty, token_ids)
+                             None if logprobs is None else values["top_logprobs"], stream, include_usage, empty,
+                             token_ids)
 
 
 def constraint_field(body: dict) -> tuple[str, str, object] | None:
