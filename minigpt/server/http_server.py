@@ -66,9 +66,13 @@ class ServiceServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         for sock in sockets or []:
-            host, port = sock.getsockname()[:2]
-            host = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
-            print(f"minigpt serve: listening on http://{host}:{port} (Ctrl-C stops)", file=sys.stderr, flush=True)
+            print(f"minigpt serve: listening on {url(*sock.getsockname()[:2])} (Ctrl-C stops)", file=sys.stderr,
+                  flush=True)
+
+
+def url(host: str, port: int) -> str:
+    """The URL of a listening address: an IPv6 address in brackets, as a URL writes it."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def bind(host: str, port: int) -> socket.socket:
